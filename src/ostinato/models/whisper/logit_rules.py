@@ -1,0 +1,77 @@
+"""Whisper's rules for which token may come next, as batched tensor ops (no host sync, graph-safe).
+
+All per-row state (tokens generated so far, last two tokens, last timestamp) arrives as device
+tensors, and every rule is a mask built with comparisons, so one captured graph serves every row
+and every step. The rules follow Whisper's decoding as faster-whisper (CTranslate2) applies it:
+suppressed ids; blank and end-of-text suppressed at the first sampled step; timestamps in pairs,
+never decreasing, the first one no later than ``max_initial_timestamp``; and a timestamp forced
+when the timestamp tokens together are likelier than any single text token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class VocabLayout:
+    n_vocab: int
+    eot: int
+    no_timestamps: int
+    timestamp_begin: int
+
+
+def apply_logit_rules(
+    logits: Tensor,
+    layout: VocabLayout,
+    suppress: Tensor,
+    suppress_at_begin: Tensor,
+    timestamps: Tensor,
+    max_initial_timestamp: Tensor,
+    n_generated: Tensor,
+    last_token: Tensor,
+    penultimate_token: Tensor,
+    last_timestamp: Tensor,
+) -> Tensor:
+    """Mask ``logits`` [B, V] (float32) with -inf where a token is not allowed; returns a new tensor.
+
+    suppress, suppress_at_begin: [V] bool. timestamps: [B] bool (rules on for that row).
+    max_initial_timestamp: [B] int (index of the latest allowed first timestamp).
+    n_generated, last_token, penultimate_token, last_timestamp: [B] int64; last_timestamp is -1
+    while a row has produced no timestamp.
+    """
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    is_timestamp_id = ids >= layout.timestamp_begin
+    first = (n_generated == 0)[:, None]
+    later = ~first
+    ts_rows = timestamps[:, None]
+
+    mask = suppress[None, :] | (first & suppress_at_begin[None, :])
+
+    # Timestamp rules (rows with timestamps on).
+    last_is_ts = (last_token >= layout.timestamp_begin)[:, None]
+    # Right after the first sampled token, the "penultimate" token is that same token.
+    penultimate = torch.where(n_generated == 1, last_token, penultimate_token)
+    penultimate_is_ts = (penultimate >= layout.timestamp_begin)[:, None]
+    pair_closed = later & last_is_ts & penultimate_is_ts  # two timestamps in a row: text must follow
+    pair_open = later & last_is_ts & ~penultimate_is_ts  # one timestamp: another or end-of-text
+    initial_limit = (layout.timestamp_begin + max_initial_timestamp)[:, None]
+    ts_mask = (
+        (ids == layout.no_timestamps)[None, :]
+        | (first & ((ids < layout.timestamp_begin)[None, :] | (ids[None, :] > initial_limit)))
+        | (pair_closed & is_timestamp_id[None, :])
+        | (pair_open & (ids < layout.eot)[None, :])
+        # Timestamps never decrease.
+        | (later & is_timestamp_id[None, :] & (ids[None, :] < last_timestamp[:, None]))
+    )
+    mask = mask | (ts_rows & ts_mask)
+    logits = logits.masked_fill(mask, float("-inf"))
+
+    # Where the timestamps together outweigh every text token, sample a timestamp.
+    logprobs = torch.log_softmax(logits, dim=-1)
+    timestamp_logprob = torch.logsumexp(logprobs[:, layout.timestamp_begin:], dim=-1)
+    max_text_logprob = logprobs[:, : layout.timestamp_begin].max(dim=-1).values
+    force = timestamps & (n_generated > 0) & ~pair_closed[:, 0] & (timestamp_logprob > max_text_logprob)
+    return logits.masked_fill(force[:, None] & ~is_timestamp_id[None, :], float("-inf"))

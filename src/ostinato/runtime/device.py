@@ -1,0 +1,54 @@
+"""Choosing the device and the compute dtype, with clear errors for impossible requests."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import InvalidOptionError
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """'auto' picks the first CUDA device when there is one, else the CPU."""
+    if isinstance(device, torch.device):
+        resolved = device
+    else:
+        name = str(device).strip().lower()
+        if name == "auto":
+            return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        try:
+            resolved = torch.device(name)
+        except RuntimeError:
+            raise InvalidOptionError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidOptionError(f"device {device!r} was requested but no CUDA device is available")
+        index = resolved.index if resolved.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise InvalidOptionError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s) found")
+        return torch.device("cuda", index)
+    if resolved.type != "cpu":
+        raise InvalidOptionError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
+    return resolved
+
+
+def resolve_dtype(compute_type: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' is float16 on CUDA (bfloat16 where float16 is not supported) and float32 on the CPU."""
+    if isinstance(compute_type, torch.dtype):
+        if compute_type not in _DTYPES.values():
+            raise InvalidOptionError(f"unsupported compute type {compute_type}")
+        dtype = compute_type
+    else:
+        name = str(compute_type).strip().lower()
+        if name == "auto":
+            return torch.float16 if device.type == "cuda" else torch.float32
+        if name not in _DTYPES:
+            raise InvalidOptionError(
+                f"unknown compute type {compute_type!r}: use auto, {', '.join(_DTYPES)}"
+            )
+        dtype = _DTYPES[name]
+    return dtype

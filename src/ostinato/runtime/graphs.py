@@ -1,0 +1,163 @@
+"""Step graphs: a plain step function run eagerly, or captured once per bucket and replayed.
+
+The step function is ordinary PyTorch that reads its inputs and the persistent state buffers and
+writes its results in place; it must be graph-safe (no host syncs, no Python branching on device
+values, no allocation that must outlive a replay). This module decides how it runs:
+
+* on the CPU, or with graphs disabled: called directly, every time;
+* on CUDA: per bucket key, warmed up on a side stream, captured into a CUDA graph that shares one
+  memory pool with every other bucket's graph, then replayed. Inputs are copied into the graph's
+  static buffers after their shape, dtype and device are checked; a mismatch raises
+  ``GraphInputError`` and nothing is replayed. Outputs are the graph's static tensors: the next
+  replay overwrites them, so callers consume or copy them before replaying again.
+
+If capture fails (out of memory, an op that cannot be captured) the bucket falls back to eager
+execution with one warning; results stay correct.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, Optional
+
+import torch
+
+from ..errors import GraphInputError
+
+log = logging.getLogger(__name__)
+
+
+def graphs_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
+
+
+@dataclass
+class _Captured:
+    graph: Any  # torch.cuda.CUDAGraph
+    inputs: Dict[str, torch.Tensor]
+    outputs: Any
+
+
+class StepGraph:
+    """Runs ``step(key, **inputs)`` eagerly or as replayed CUDA graphs, one per bucket key.
+
+    The step receives its bucket key (e.g. the padded batch size) so it can work on the matching
+    views of the persistent state; inputs are the per-call tensors copied into static buffers.
+    """
+
+    def __init__(
+        self,
+        step: Callable[..., Any],
+        device: torch.device,
+        *,
+        use_graphs: bool = True,
+        warmup: int = 3,
+        pool: Optional[Any] = None,
+        name: str = "step",
+    ):
+        self.step = step
+        self.device = torch.device(device)
+        self.use_graphs = bool(use_graphs) and graphs_supported(self.device)
+        self.warmup = warmup
+        self.name = name
+        self._pool = pool
+        self._captured: Dict[Hashable, _Captured] = {}
+        self._eager_buckets: set = set()
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def pool(self):
+        return self._pool
+
+    def is_captured(self, key: Hashable) -> bool:
+        return key in self._captured
+
+    def captured_keys(self):
+        return list(self._captured)
+
+    def mode(self, key: Hashable) -> str:
+        if not self.use_graphs or key in self._eager_buckets:
+            return "eager"
+        return "graph" if key in self._captured else "uncaptured"
+
+    # -- running -------------------------------------------------------------------------------
+    def capture(self, key: Hashable, **inputs: torch.Tensor) -> None:
+        """Capture the graph for ``key`` with example inputs (their shapes become the bucket's).
+
+        Warm-up and capture run the step for real, so they mutate the state it writes: callers
+        capture before they fill the state for actual work.
+        """
+        if not self.use_graphs or key in self._captured or key in self._eager_buckets:
+            return
+        static = {name: t.detach().clone() for name, t in inputs.items()}
+        for name, t in static.items():
+            if t.device != self.device:
+                raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.step(key, **static)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self.step(key, **static)
+            torch.cuda.synchronize(self.device)
+        except Exception as exc:  # capture failure: fall back to eager for this bucket, once
+            torch.cuda.synchronize(self.device)
+            self._eager_buckets.add(key)
+            warnings.warn(
+                f"ostinato: CUDA graph capture of {self.name} for bucket {key!r} failed "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); running it eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self._captured[key] = _Captured(graph, static, outputs)
+        log.debug("captured %s for bucket %r", self.name, key)
+
+    def __call__(self, key: Hashable, **inputs: torch.Tensor):
+        if not self.use_graphs or key in self._eager_buckets:
+            return self.step(key, **inputs)
+        entry = self._captured.get(key)
+        if entry is None:
+            self.capture(key, **inputs)
+            entry = self._captured.get(key)
+            if entry is None:  # capture fell back to eager
+                return self.step(key, **inputs)
+        self._bind(entry, inputs)
+        entry.graph.replay()
+        return entry.outputs
+
+    def _bind(self, entry: _Captured, inputs: Dict[str, torch.Tensor]) -> None:
+        if set(inputs) != set(entry.inputs):
+            raise GraphInputError(
+                f"{self.name}: inputs {sorted(inputs)} do not match the captured inputs {sorted(entry.inputs)}"
+            )
+        for name, value in inputs.items():
+            static = entry.inputs[name]
+            if value.shape != static.shape or value.dtype != static.dtype or value.device != static.device:
+                raise GraphInputError(
+                    f"{self.name}: input {name!r} is {tuple(value.shape)} {value.dtype} on {value.device}, "
+                    f"but the graph was captured for {tuple(static.shape)} {static.dtype} on {static.device}"
+                )
+        for name, value in inputs.items():
+            static = entry.inputs[name]
+            if value.data_ptr() != static.data_ptr():
+                static.copy_(value)
+
+
+def bucket_for(batch_size: int, buckets) -> int:
+    """The smallest bucket that holds ``batch_size`` rows."""
+    for b in sorted(buckets):
+        if batch_size <= b:
+            return b
+    raise ValueError(f"batch size {batch_size} exceeds the largest bucket {max(buckets)}")
+
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
