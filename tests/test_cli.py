@@ -1,0 +1,289 @@
+"""The command line, run in-process against a fake WhisperModel (no weights, no torch work)."""
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+try:
+    from ostinato import cli
+except Exception:  # the package __init__ is being edited elsewhere; the CLI does not need it
+    _pkg = types.ModuleType("ostinato")
+    _pkg.__path__ = [str(SRC / "ostinato")]
+    sys.modules["ostinato"] = _pkg
+    from ostinato import cli
+
+from ostinato.errors import AudioError, InvalidOptionError, ModelLoadError
+from ostinato.models.whisper.types import Segment, TranscriptionInfo
+
+
+def seg(i, start, end, text):
+    return Segment(id=i, seek=0, start=start, end=end, text=text, tokens=[1, 2],
+                   avg_logprob=-0.2, compression_ratio=1.1, no_speech_prob=0.01)
+
+
+SEGMENTS = [seg(0, 0.0, 4.0, " Hello there."), seg(1, 4.0, 7.5, " General --> Kenobi.")]
+
+
+class FakeModel:
+    """Stands in for WhisperModel; the input file's name picks the behaviour."""
+
+    created = []
+
+    def __init__(self, model=None, device="auto", compute_type="auto", use_graphs=True):
+        if model == "no/such/model":
+            raise ModelLoadError("cannot load model from no/such/model: not a directory")
+        self.options = dict(model=model, device=device, compute_type=compute_type, use_graphs=use_graphs)
+        self.calls = []
+        FakeModel.created.append(self)
+
+    def transcribe(self, audio, **options):
+        self.calls.append((audio, options))
+        name = Path(audio).name
+        if name.startswith("broken"):
+            raise AudioError(f"{audio}: cannot decode: invalid data found\nwhen processing input")
+        if name.startswith("interrupt"):
+            raise KeyboardInterrupt
+        if options.get("language") == "xx":
+            raise InvalidOptionError("unknown language 'xx'")
+
+        def segments():
+            yield SEGMENTS[0]
+            if name.startswith("midway"):  # decoding fails after the first window
+                raise AudioError(f"{audio}: truncated stream")
+            yield SEGMENTS[1]
+
+        return segments(), TranscriptionInfo(language="en", language_probability=1.0, duration=8.0)
+
+
+class NoModel:
+    def __init__(self, **_):
+        raise AssertionError("the model must not be loaded")
+
+
+@pytest.fixture
+def fake_model(monkeypatch):
+    FakeModel.created = []
+    monkeypatch.setattr(cli, "_whisper_model_class", lambda: FakeModel)
+    return FakeModel
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    monkeypatch.setattr(cli, "_whisper_model_class", lambda: NoModel)
+
+
+@pytest.fixture
+def audio(tmp_path):
+    def make(name):
+        path = tmp_path / "in" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"not really audio; the fake model never reads it")
+        return str(path)
+    return make
+
+
+def assert_one_error_line(err, *fragments):
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ostinato: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+EXPECTED_STDOUT = "[00:00.000 --> 00:04.000] Hello there.\n[00:04.000 --> 00:07.500] General --> Kenobi.\n"
+
+
+# --- happy paths --------------------------------------------------------------------------------
+
+def test_transcribe_writes_all_formats(fake_model, audio, tmp_path, capsys):
+    out = tmp_path / "out" / "nested"  # created on demand
+    rc = cli.main(["transcribe", audio("talk.v1.flac"), "--output-dir", str(out), "--output-format", "all"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert captured.out == EXPECTED_STDOUT
+    assert captured.err == ""  # stderr is not a terminal and --verbose is off: no progress bar
+    assert sorted(p.name for p in out.iterdir()) == [f"talk.v1.{e}" for e in ("json", "srt", "tsv", "txt", "vtt")]
+    assert (out / "talk.v1.srt").read_text(encoding="utf-8") == (
+        "1\n00:00:00,000 --> 00:00:04,000\nHello there.\n\n"
+        "2\n00:00:04,000 --> 00:00:07,500\nGeneral -> Kenobi.\n\n"
+    )
+    assert (out / "talk.v1.txt").read_text(encoding="utf-8") == "Hello there.\nGeneral --> Kenobi.\n"
+    assert (out / "talk.v1.tsv").read_text(encoding="utf-8").splitlines()[1] == "0\t4000\tHello there."
+
+
+def test_options_reach_the_model(fake_model, audio, tmp_path, capsys):
+    rc = cli.main([
+        "transcribe", audio("a.wav"), "-o", str(tmp_path), "-f", "txt", "--model", "some/ckpt",
+        "--device", "cuda:1", "--compute-type", "float16", "--language", "de", "--task", "translate",
+        "--beam-size", "5", "--temperature", "0.4", "--initial-prompt", "Glossary: ostinato.",
+        "--without-timestamps", "--no-graphs", "--quiet",
+    ])
+    assert rc == 0
+    assert capsys.readouterr().out == ""  # --quiet
+    (model,) = fake_model.created
+    assert model.options == dict(model="some/ckpt", device="cuda:1", compute_type="float16", use_graphs=False)
+    assert model.calls[0][1] == dict(
+        language="de", task="translate", beam_size=5, temperature=0.4,
+        initial_prompt="Glossary: ostinato.", without_timestamps=True,
+    )
+    assert [p.name for p in tmp_path.glob("*.txt")] == ["a.txt"]
+
+
+def test_defaults(fake_model, audio, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["transcribe", audio("a.wav")]) == 0
+    (model,) = fake_model.created
+    assert model.options == dict(model=None, device="auto", compute_type="auto", use_graphs=True)
+    assert model.calls[0][1] == dict(
+        language=None, task="transcribe", beam_size=1, temperature=0.0,
+        initial_prompt=None, without_timestamps=False,
+    )
+    assert sorted(p.name for p in tmp_path.glob("a.*")) == ["a.json", "a.srt", "a.tsv", "a.txt", "a.vtt"]
+
+
+def test_verbose_shows_progress_on_stderr(fake_model, audio, tmp_path, capsys):
+    rc = cli.main(["transcribe", audio("a.wav"), "-o", str(tmp_path), "-f", "txt", "--verbose"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert captured.out == EXPECTED_STDOUT
+    assert "8.00/8.00" in captured.err and "100%" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_several_files_one_model(fake_model, audio, tmp_path, capsys):
+    files = [audio("one.wav"), audio("two.mp3")]
+    assert cli.main(["transcribe", *files, "-o", str(tmp_path / "out"), "-f", "srt"]) == 0
+    assert len(fake_model.created) == 1  # loaded once, used for every file
+    assert [call[0] for call in fake_model.created[0].calls] == files
+    assert capsys.readouterr().out == EXPECTED_STDOUT * 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["one.srt", "two.srt"]
+
+
+def test_one_failing_file_does_not_stop_the_others(fake_model, audio, tmp_path, capsys):
+    files = [audio("one.wav"), audio("broken.wav"), audio("three.wav")]
+    rc = cli.main(["transcribe", *files, "-o", str(tmp_path / "out"), "-f", "txt"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert_one_error_line(captured.err, "broken.wav", "cannot decode")
+    assert captured.out == EXPECTED_STDOUT * 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["one.txt", "three.txt"]
+
+
+def test_failure_while_decoding_writes_no_partial_file(fake_model, audio, tmp_path, capsys):
+    rc = cli.main(["transcribe", audio("midway.wav"), audio("ok.wav"), "-o", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert_one_error_line(captured.err, "midway.wav", "truncated")
+    assert sorted(p.stem for p in (tmp_path / "out").iterdir()) == ["ok"] * 5
+
+
+# --- error paths --------------------------------------------------------------------------------
+
+def test_missing_file_needs_no_model(no_model, tmp_path, capsys):
+    rc = cli.main(["transcribe", str(tmp_path / "nope.wav"), "-o", str(tmp_path)])
+    assert rc == 1
+    assert_one_error_line(capsys.readouterr().err, "nope.wav", "no such file")
+
+
+def test_missing_file_among_others(fake_model, audio, tmp_path, capsys):
+    rc = cli.main(["transcribe", str(tmp_path / "nope.wav"), audio("ok.wav"), "-o", str(tmp_path), "-f", "txt"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert_one_error_line(captured.err, "nope.wav")
+    assert captured.out == EXPECTED_STDOUT
+    assert (tmp_path / "ok.txt").exists()
+
+
+def test_directory_as_input(no_model, tmp_path, capsys):
+    assert cli.main(["transcribe", str(tmp_path)]) == 1
+    assert_one_error_line(capsys.readouterr().err, "directory")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--beam-size", "0"], "--beam-size"),
+    (["--beam-size", "two"], "--beam-size"),
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--output-format", "xml"], "xml"),
+    (["--task", "bogus"], "bogus"),
+    (["--device", "gpu"], "--device"),
+    (["--compute-type", "int8"], "int8"),
+    (["--language", ""], "--language"),
+    (["--verbose", "--quiet"], "--quiet"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_options_exit_2_before_loading(no_model, audio, capsys, args, fragment):
+    # A real file, so only the option is wrong; NoModel proves validation precedes the load.
+    rc = cli.main(["transcribe", audio("a.wav"), *args])
+    assert rc == 2
+    assert_one_error_line(capsys.readouterr().err, fragment)
+
+
+def test_bad_options_beat_missing_files(no_model, capsys):
+    assert cli.main(["transcribe", "nope.wav", "--beam-size", "0"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "--beam-size")
+
+
+def test_bad_model_path(fake_model, audio, tmp_path, capsys):
+    rc = cli.main(["transcribe", audio("a.wav"), "--model", "no/such/model", "-o", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert_one_error_line(captured.err, "no/such/model")
+    assert captured.out == ""
+
+
+def test_option_rejected_by_the_model(fake_model, audio, tmp_path, capsys):
+    rc = cli.main(["transcribe", audio("a.wav"), audio("b.wav"), "--language", "xx", "-o", str(tmp_path)])
+    assert rc == 2
+    assert_one_error_line(capsys.readouterr().err, "xx")
+    assert len(fake_model.created[0].calls) == 1  # the same option would fail every file: stop
+
+
+def test_output_dir_is_a_file(no_model, audio, tmp_path, capsys):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    assert cli.main(["transcribe", audio("a.wav"), "-o", str(blocker / "sub")]) == 1
+    assert_one_error_line(capsys.readouterr().err, "output directory")
+
+
+def test_keyboard_interrupt(fake_model, audio, tmp_path, capsys):
+    assert cli.main(["transcribe", audio("interrupt.wav"), "-o", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["ostinato: interrupted"]
+
+
+def test_no_command(capsys):
+    assert cli.main([]) == 2
+    assert_one_error_line(capsys.readouterr().err, "missing command")
+
+
+def test_no_files(capsys):
+    assert cli.main(["transcribe"]) == 2
+    assert_one_error_line(capsys.readouterr().err, "FILE")
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("ostinato ")
+
+
+def test_help_in_process(capsys):
+    assert cli.main(["transcribe", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--model", "--beam-size", "--output-format", "--no-graphs", "--quiet"):
+        assert flag in out
+
+
+def test_python_dash_m_help():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "ostinato", "--help"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: ostinato" in proc.stdout
+    assert "transcribe" in proc.stdout

@@ -1,0 +1,111 @@
+"""Runtime core on the CPU: device choice, persistent state, eager step graphs, one copy of weights."""
+import pytest
+import torch
+from torch import nn
+
+from ostinato.errors import InvalidOptionError
+from ostinato.runtime import (
+    DeviceState,
+    StepGraph,
+    bucket_for,
+    duplicated_parameters,
+    memory_report,
+    place_module,
+    resolve_device,
+    resolve_dtype,
+    storage_bytes,
+)
+
+
+def test_resolve_device_auto_and_errors():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(InvalidOptionError, match="unknown device"):
+        resolve_device("gpu-please")
+    with pytest.raises(InvalidOptionError):
+        resolve_device("mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidOptionError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_resolve_dtype():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype("float16", torch.device("cuda", 0)) == torch.float16
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
+    with pytest.raises(InvalidOptionError, match="unknown compute type"):
+        resolve_dtype("int3", cpu)
+
+
+def test_device_state_fixed_addresses():
+    st = DeviceState("cpu")
+    kv = st.allocate("kv", (2, 4, 8), torch.float32)
+    address = kv.data_ptr()
+    assert st.allocate("kv", (2, 4, 8), torch.float32) is kv  # same spec: the same buffer
+    with pytest.raises(ValueError, match="cannot reallocate"):
+        st.allocate("kv", (2, 4, 9), torch.float32)
+    written = st.write("kv", torch.ones(1, 4, 8))
+    assert st["kv"].data_ptr() == address
+    assert written.data_ptr() == address
+    assert st["kv"][0].sum().item() == 32 and st["kv"][1].sum().item() == 0
+    with pytest.raises(ValueError):
+        st.write("kv", torch.ones(3, 4, 8))
+    st.allocate("flags", (4,), torch.bool, True)
+    assert st.nbytes() == 2 * 4 * 8 * 4 + 4
+    assert set(st.addresses()) == {"kv", "flags"}
+    with pytest.raises(KeyError, match="no state buffer"):
+        st["missing"]
+
+
+def test_step_graph_runs_eagerly_on_cpu():
+    st = DeviceState("cpu")
+    counter = st.allocate("counter", (4,), torch.int64)
+    calls = []
+
+    def step(rows, increment):
+        calls.append(rows)
+        counter[:rows].add_(increment)
+        return counter[:rows]
+
+    graph = StepGraph(step, torch.device("cpu"), use_graphs=True)
+    assert not graph.use_graphs  # no CUDA graphs on the CPU
+    for _ in range(3):
+        out = graph(2, increment=torch.tensor(5))
+    assert calls == [2, 2, 2]
+    assert out.tolist() == [15, 15]
+    assert counter.tolist() == [15, 15, 0, 0]
+    assert graph.mode(2) == "eager"
+
+
+def test_bucket_for():
+    assert bucket_for(1, (1, 2, 4, 8)) == 1
+    assert bucket_for(3, (1, 2, 4, 8)) == 4
+    assert bucket_for(8, (8, 1, 4, 2)) == 8
+    with pytest.raises(ValueError):
+        bucket_for(9, (1, 2, 4, 8))
+
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.proj = nn.Linear(4, 10, bias=False)
+        self.proj.weight = self.embed.weight  # tied: one storage
+
+
+def test_weights_single_copy_and_report():
+    model = place_module(_Tied(), torch.device("cpu"), torch.float32)
+    assert not any(p.requires_grad for p in model.parameters())
+    # The tied weight is counted once.
+    assert storage_bytes(model.parameters()) == 10 * 4 * 4
+    assert duplicated_parameters(model) == {}
+    report = memory_report(model, state_bytes=123, device=torch.device("cpu"))
+    assert report.parameter_bytes == 160 and report.state_bytes == 123 and report.peak_bytes is None
+    assert "parameters" in str(report)
+
+    untied = _Tied()
+    untied.proj.weight = nn.Parameter(untied.embed.weight.detach().clone())
+    assert duplicated_parameters(untied) == {"proj.weight": "embed.weight"}

@@ -1,0 +1,101 @@
+"""Whisper's next-token rules on a toy vocabulary, checked against hand-worked cases."""
+import math
+
+import torch
+
+from ostinato.models.whisper.logit_rules import VocabLayout, apply_logit_rules
+
+# ids 0-4 text, 5 end-of-text, 6 another special, 7 <|notimestamps|>, 8-11 timestamps
+LAYOUT = VocabLayout(n_vocab=12, eot=5, no_timestamps=7, timestamp_begin=8)
+NONE = torch.zeros(12, dtype=torch.bool)
+
+
+def allowed(logits, **state):
+    rows = logits.shape[0]
+    defaults = dict(
+        suppress=NONE,
+        suppress_at_begin=NONE,
+        timestamps=torch.ones(rows, dtype=torch.bool),
+        max_initial_timestamp=torch.full((rows,), 1),
+        n_generated=torch.zeros(rows, dtype=torch.long),
+        last_token=torch.full((rows,), -1),
+        penultimate_token=torch.full((rows,), -1),
+        last_timestamp=torch.full((rows,), -1),
+    )
+    defaults.update(state)
+    out = apply_logit_rules(logits.clone(), LAYOUT, **defaults)
+    return [sorted(torch.nonzero(torch.isfinite(row)).flatten().tolist()) for row in out]
+
+
+def t(*values):
+    return torch.tensor(values)
+
+
+def test_first_step_only_early_timestamps():
+    logits = torch.zeros(1, 12)
+    assert allowed(logits) == [[8, 9]]  # max_initial_timestamp index 1
+    assert allowed(logits, max_initial_timestamp=t(3)) == [[8, 9, 10, 11]]
+
+
+def test_without_timestamp_rules_only_suppression_applies():
+    logits = torch.zeros(1, 12)
+    suppress = NONE.clone()
+    suppress[[1, 6]] = True
+    begin = NONE.clone()
+    begin[[0, 5]] = True
+    got = allowed(logits, timestamps=t(False), suppress=suppress, suppress_at_begin=begin)
+    assert got == [[2, 3, 4, 7, 8, 9, 10, 11]]
+    # Begin suppression stops after the first token.
+    got = allowed(logits, timestamps=t(False), suppress=suppress, suppress_at_begin=begin, n_generated=t(1), last_token=t(3))
+    assert got == [[0, 2, 3, 4, 5, 7, 8, 9, 10, 11]]
+
+
+def test_timestamp_right_after_the_first_counts_as_a_pair():
+    # After one sampled timestamp the previous token is taken to be that timestamp: text must follow.
+    logits = torch.zeros(1, 12)
+    logits[0, :5] = 5.0  # text clearly likelier, so no forced timestamp
+    got = allowed(logits, n_generated=t(1), last_token=t(9), last_timestamp=t(9))
+    assert got == [[0, 1, 2, 3, 4, 5, 6]]
+
+
+def test_open_pair_allows_only_later_timestamps_or_end():
+    logits = torch.zeros(1, 12)
+    logits[0, 5] = 5.0  # end-of-text outweighs the timestamps' ln 3 = 1.1, so nothing is forced
+    got = allowed(logits, n_generated=t(3), last_token=t(9), penultimate_token=t(2), last_timestamp=t(9))
+    assert got == [[5, 6, 9, 10, 11]]
+    logits[0, 5] = 0.0  # now the three timestamps together (ln 3) beat every other token
+    got = allowed(logits, n_generated=t(3), last_token=t(9), penultimate_token=t(2), last_timestamp=t(9))
+    assert got == [[9, 10, 11]]
+
+
+def test_closed_pair_forbids_timestamps():
+    logits = torch.zeros(1, 12)
+    logits[0, :5] = 5.0
+    got = allowed(logits, n_generated=t(4), last_token=t(10), penultimate_token=t(9), last_timestamp=t(10))
+    assert got == [[0, 1, 2, 3, 4, 5, 6]]
+
+
+def test_timestamps_never_decrease_and_mass_forces_a_timestamp():
+    # After text, with the last timestamp at 10: timestamps 8 and 9 are gone.
+    logits = torch.zeros(1, 12)
+    logits[0, :5] = 1.0
+    logits[0, 10:] = 0.9
+    # log-sum-exp over {10, 11} is 0.9 + ln 2 = 1.593 > 1.0 = the best text logit: force a timestamp.
+    assert 0.9 + math.log(2) > 1.0
+    got = allowed(logits, n_generated=t(5), last_token=t(3), penultimate_token=t(2), last_timestamp=t(10))
+    assert got == [[10, 11]]
+    logits[0, 10:] = 0.2  # 0.2 + ln 2 = 0.893 < 1.0: text stays allowed
+    got = allowed(logits, n_generated=t(5), last_token=t(3), penultimate_token=t(2), last_timestamp=t(10))
+    assert got == [[0, 1, 2, 3, 4, 5, 6, 10, 11]]
+
+
+def test_rows_are_independent():
+    logits = torch.zeros(2, 12)
+    got = allowed(
+        logits,
+        timestamps=t(True, False),
+        n_generated=t(0, 2),
+        last_token=t(-1, 3),
+        penultimate_token=t(-1, 2),
+    )
+    assert got == [[8, 9], list(range(12))]
