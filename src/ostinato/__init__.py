@@ -7,9 +7,28 @@ from .errors import (
     OstinatoError,
     UnsupportedCheckpointError,
 )
-from .models.whisper import Segment, TranscriptionInfo, WhisperModel, Word
 
 __version__ = "0.1.0"
+
+# Model classes pull in torch; they load on first use so `ostinato --help` and error types stay cheap.
+_LAZY = {
+    "Segment": "ostinato.models.whisper.types",
+    "TranscriptionInfo": "ostinato.models.whisper.types",
+    "Word": "ostinato.models.whisper.types",
+    "WhisperModel": "ostinato.models.whisper.model",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ostinato' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AudioError",

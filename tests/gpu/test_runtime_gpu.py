@@ -104,6 +104,39 @@ def test_capture_failure_falls_back_to_eager_with_one_warning():
     graph(4, x=torch.full((4,), 2.0, device=device))
     torch.cuda.synchronize()
     assert state.tolist() == [2.0, 2.0, 2.0, 2.0]
+    assert torch.randn(8, device=device).isfinite().all()  # the device's generator still works
+
+
+@pytest.mark.parametrize("failure", ["raise", "invalidate"])
+def test_failure_inside_capture_leaves_device_usable(failure):
+    """A step that only breaks while capturing (an uncapturable op): eager fallback, device still sane."""
+    device = torch.device("cuda")
+    state = torch.zeros(4, device=device)
+
+    def step(rows, x):
+        state[:rows].add_(x)
+        if torch.cuda.is_current_stream_capturing():
+            if failure == "raise":
+                raise RuntimeError("operation not supported in a graph")
+            torch.cuda.synchronize()  # invalidates the capture
+        return state[:rows]
+
+    graph = StepGraph(step, device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph(4, x=torch.ones(4, device=device))
+    assert graph.mode(4) == "eager"
+    assert len([w for w in caught if "capture" in str(w.message)]) == 1
+    state.zero_()
+    graph(4, x=torch.full((4,), 3.0, device=device))
+    torch.cuda.synchronize()
+    assert state.tolist() == [3.0] * 4
+    # Random ops and later captures still work on this device.
+    assert torch.randn(8, device=device).isfinite().all()
+    _, acc, weight, toy_step, _ = _toy(device)
+    other = StepGraph(toy_step, device)
+    other.capture(2, x=torch.randn(2, 16, device=device))
+    assert other.mode(2) == "graph"
 
 
 def test_disabled_graphs_run_eagerly_on_cuda():

@@ -1,5 +1,5 @@
 """The engine: device choice, one copy of weights, persistent device state, step graphs."""
-from .device import resolve_device, resolve_dtype
+from .device import resolve_device, resolve_dtype, strict_float32
 from .graphs import DEFAULT_BUCKETS, StepGraph, bucket_for, graphs_supported
 from .state import DeviceState
 from .weights import MemoryReport, duplicated_parameters, memory_report, place_module, storage_bytes
@@ -17,4 +17,5 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "storage_bytes",
+    "strict_float32",
 ]

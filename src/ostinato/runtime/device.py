@@ -1,6 +1,8 @@
 """Choosing the device and the compute dtype, with clear errors for impossible requests."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..errors import InvalidOptionError
@@ -52,3 +54,22 @@ def resolve_dtype(compute_type: str | torch.dtype, device: torch.device) -> torc
             )
         dtype = _DTYPES[name]
     return dtype
+
+
+@contextlib.contextmanager
+def strict_float32(device: torch.device, dtype: torch.dtype):
+    """float32 compute means IEEE float32 on CUDA too: no TF32 in convolutions or matrix products.
+
+    cuDNN convolutions default to TF32 on Ampere and newer, which is enough to flip near-tied
+    tokens against the CPU; the flags are restored on exit.
+    """
+    if device.type != "cuda" or dtype != torch.float32:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul

@@ -28,6 +28,13 @@ from ..errors import GraphInputError
 log = logging.getLogger(__name__)
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """'cuda' names the current CUDA device; tensors report it with its index, so compare with that."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
 
@@ -57,7 +64,7 @@ class StepGraph:
         name: str = "step",
     ):
         self.step = step
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.use_graphs = bool(use_graphs) and graphs_supported(self.device)
         self.warmup = warmup
         self.name = name
@@ -95,13 +102,7 @@ class StepGraph:
             if t.device != self.device:
                 raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup):
-                    self.step(key, **static)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            torch.cuda.synchronize(self.device)
+            self._warm_up(key, static)
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
@@ -109,7 +110,7 @@ class StepGraph:
                 outputs = self.step(key, **static)
             torch.cuda.synchronize(self.device)
         except Exception as exc:  # capture failure: fall back to eager for this bucket, once
-            torch.cuda.synchronize(self.device)
+            _recover_from_failed_capture(self.device)
             self._eager_buckets.add(key)
             warnings.warn(
                 f"ostinato: CUDA graph capture of {self.name} for bucket {key!r} failed "
@@ -120,6 +121,25 @@ class StepGraph:
             return
         self._captured[key] = _Captured(graph, static, outputs)
         log.debug("captured %s for bucket %r", self.name, key)
+
+    def _warm_up(self, key: Hashable, static: Dict[str, torch.Tensor]) -> None:
+        """Run the step on a side stream; a host sync in it raises here, before any capture begins."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings():  # PyTorch calls the mode a prototype each time it is set
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.step(key, **static)
+        finally:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
 
     def __call__(self, key: Hashable, **inputs: torch.Tensor):
         if not self.use_graphs or key in self._eager_buckets:
@@ -150,6 +170,22 @@ class StepGraph:
             static = entry.inputs[name]
             if value.data_ptr() != static.data_ptr():
                 static.copy_(value)
+
+
+def _recover_from_failed_capture(device: torch.device) -> None:
+    """Leave the device usable after a capture broke off.
+
+    When a capture is invalidated, PyTorch never closes the random generator's capture, and every
+    later random op on the device then fails ("Offset increment outside graph capture"). Swapping
+    in a copy of the generator's state (same seed and offset) clears that flag.
+    """
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        pass
+    generator = torch.cuda.default_generators[device.index or 0]
+    if hasattr(generator, "graphsafe_set_state") and hasattr(generator, "clone_state"):
+        generator.graphsafe_set_state(generator.clone_state())
 
 
 def bucket_for(batch_size: int, buckets) -> int:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ...errors import ModelLoadError
-from ...runtime import memory_report, place_module, resolve_device, resolve_dtype
+from ...runtime import memory_report, place_module, resolve_device, resolve_dtype, strict_float32
 from .decoding import WindowDecoder, WindowRequest, WindowResult
 from .modules import Whisper
 from .tokenizer import WhisperTokenizer
@@ -86,11 +86,13 @@ class WhisperModel:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [B, n_mels, 3000] -> encoder output [B, 1500, d] on the model's device and dtype."""
-        return self.model.encoder(mel.to(self.device, self.dtype))
+        with strict_float32(self.device, self.dtype):
+            return self.model.encoder(mel.to(self.device, self.dtype))
 
     @torch.inference_mode()
     def decode(self, audio_features, requests: List[WindowRequest], suppress, suppress_at_begin) -> List[WindowResult]:
-        return self.decoder.decode(audio_features, requests, suppress, suppress_at_begin)
+        with strict_float32(self.device, self.dtype):
+            return self.decoder.decode(audio_features, requests, suppress, suppress_at_begin)
 
     @torch.inference_mode()
     def detect_language(self, audio_features: torch.Tensor) -> List[Tuple[str, float]]:

@@ -1,0 +1,128 @@
+"""Whisper on CUDA: graph path vs eager path, CPU vs GPU, one copy of weights, device memory report.
+
+The device machine has no PyAV, so the clips can also come pre-decoded: OSTINATO_CLIP_SAMPLES names
+a folder of `<clip stem>.npy` int16 arrays (16 kHz; dev/export_device_bundle.py writes them), which
+are exactly the samples load_audio returns times 32768.
+"""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ostinato import WhisperModel
+from ostinato.runtime import duplicated_parameters
+
+pytestmark = pytest.mark.gpu
+
+RANDOM_CKPT = "checkpoints/huggingface"  # carries its tokenizer.json (the device has no embedded model)
+# Spread over voices, noise, silence and both lengths of window.
+CLIPS = (
+    "c01_hello_short", "c02_numbers", "c05_white20_m3", "c07_brown5_f2", "c08_story_long",
+    "c09_fast_caribbean", "c11_lead_silence", "c13_nyc_white15", "c15_silence", "c17_cut_two_windows",
+)
+
+
+def clip_samples(data_dir: Path, stem: str) -> np.ndarray:
+    folder = os.environ.get("OSTINATO_CLIP_SAMPLES")
+    if folder:
+        return np.load(Path(folder) / f"{stem}.npy").astype(np.float32) / 32768.0
+    pytest.importorskip("av")
+    from ostinato.audio import load_audio
+
+    return load_audio(str(data_dir / "clips" / f"{stem}.flac"))
+
+
+def tokens_of(model, audio, **options):
+    segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, **options)
+    return [s.tokens for s in segments]
+
+
+def noise(seconds: float, seed: int = 0) -> np.ndarray:
+    gen = np.random.default_rng(seed)
+    return (0.1 * gen.standard_normal(int(seconds * 16000))).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_random_model_graph_equals_eager(data_dir, dtype, timestamps):
+    path = str(data_dir / RANDOM_CKPT)
+    eager = WhisperModel(path, device="cuda", compute_type=dtype, use_graphs=False)
+    graph = WhisperModel(path, device="cuda", compute_type=dtype, use_graphs=True)
+    for seed, seconds in ((0, 3.0), (1, 17.5), (2, 29.9)):
+        audio = noise(seconds, seed)
+        opts = dict(without_timestamps=not timestamps, max_new_tokens=60)
+        want = tokens_of(eager, audio, **opts)
+        got = tokens_of(graph, audio, **opts)
+        assert got == want
+    assert graph.decoder.graph.mode(1) == "graph"
+    assert eager.decoder.graph.mode(1) == "eager"
+
+
+def test_graph_captured_once_and_state_stays_put(data_dir):
+    model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
+    addresses = model.decoder.state.addresses()
+    calls = {"n": 0}
+    step = model.decoder.graph.step
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return step(*args, **kwargs)
+
+    model.decoder.graph.step = counting
+    tokens_of(model, noise(5.0), max_new_tokens=40)
+    first = calls["n"]
+    assert first == 4  # three warm-up runs and the capture; every real step was a replay
+    tokens_of(model, noise(8.0, 3), max_new_tokens=40)
+    assert calls["n"] == first
+    assert model.decoder.graph.captured_keys() == [1]
+    assert model.decoder.state.addresses() == addresses
+
+
+def test_one_copy_of_weights_and_memory_report(data_dir):
+    torch.cuda.reset_peak_memory_stats()
+    model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
+    tokens_of(model, noise(4.0), max_new_tokens=30)
+    assert duplicated_parameters(model.model) == {}
+    assert model.decoder.model is model.model
+    emb = model.model.decoder.token_embedding.weight
+    assert emb.is_cuda and emb.dtype == torch.float16
+    report = model.memory_report()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.model.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.model.buffers())
+    assert report.parameter_bytes == param_bytes + buffer_bytes
+    assert report.state_bytes == model.decoder.state.nbytes() > 0
+    assert report.peak_bytes is not None and report.peak_bytes >= report.parameter_bytes + report.state_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_en_path):
+    cpu = WhisperModel(str(tiny_en_path), device="cpu", compute_type="float32")
+    gpu = WhisperModel(str(tiny_en_path), device="cuda", compute_type="float32", use_graphs=True)
+    return cpu, gpu
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_tiny_en_cpu_eager_equals_gpu_graph_float32(tiny_models, data_dir, clip):
+    cpu, gpu = tiny_models
+    audio = clip_samples(data_dir, clip)
+    want = tokens_of(cpu, audio)
+    got = tokens_of(gpu, audio)
+    assert got == want
+    assert gpu.decoder.graph.mode(1) == "graph"
+    # And both are faster-whisper's tokens where the reference has the clip.
+    refs = json.loads((data_dir / "refs" / "faster_whisper_tiny_en.json").read_text())["runs"]["greedy"]
+    if f"{clip}.flac" in refs:
+        assert got == [s["tokens"] for s in refs[f"{clip}.flac"]["segments"]]
+
+
+@pytest.mark.parametrize("clip", ["c02_numbers", "c08_story_long", "c13_nyc_white15"])
+def test_tiny_en_gpu_graph_equals_gpu_eager_float16(tiny_en_path, data_dir, clip):
+    audio = clip_samples(data_dir, clip)
+    eager = WhisperModel(str(tiny_en_path), device="cuda", compute_type="float16", use_graphs=False)
+    graph = WhisperModel(str(tiny_en_path), device="cuda", compute_type="float16", use_graphs=True)
+    want = tokens_of(eager, audio)
+    assert tokens_of(graph, audio) == want
+    assert want and any(want)
