@@ -22,6 +22,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Built vocabularies go to a per-run cache, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OSTINATO_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return DATA

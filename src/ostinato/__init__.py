@@ -16,6 +16,8 @@ _LAZY = {
     "TranscriptionInfo": "ostinato.models.whisper.types",
     "Word": "ostinato.models.whisper.types",
     "WhisperModel": "ostinato.models.whisper.model",
+    "TransducerModel": "ostinato.models.transducer.model",
+    "TransducerResult": "ostinato.models.transducer.model",
 }
 
 
@@ -38,6 +40,8 @@ __all__ = [
     "OstinatoError",
     "Segment",
     "TranscriptionInfo",
+    "TransducerModel",
+    "TransducerResult",
     "UnsupportedCheckpointError",
     "WhisperModel",
     "Word",

@@ -109,6 +109,17 @@ def _whisper_model_class():
     return WhisperModel
 
 
+def _is_transducer(model: Optional[str]) -> bool:
+    """A NeMo .nemo file names a transducer (RNN-T / TDT); anything else goes to Whisper."""
+    return model is not None and model.strip().lower().endswith(".nemo")
+
+
+def _transducer_model_class():
+    from .models.transducer.model import TransducerModel
+
+    return TransducerModel
+
+
 def _check_input(path: str) -> Optional[str]:
     """Why ``path`` cannot be read, or None. Checked up front so a typo costs no model load."""
     if not os.path.exists(path):
@@ -121,15 +132,18 @@ def _check_input(path: str) -> Optional[str]:
 
 
 def _transcribe_one(model, path: str, args: argparse.Namespace, show_progress: bool) -> None:
-    segments, info = model.transcribe(
-        path,
-        language=args.language,
-        task=args.task,
-        beam_size=args.beam_size,
-        temperature=args.temperature,
-        initial_prompt=args.initial_prompt,
-        without_timestamps=args.without_timestamps,
-    )
+    if hasattr(model, "transcribe_segments"):  # transducer: segments from token times
+        segments, info = model.transcribe_segments(path)
+    else:
+        segments, info = model.transcribe(
+            path,
+            language=args.language,
+            task=args.task,
+            beam_size=args.beam_size,
+            temperature=args.temperature,
+            initial_prompt=args.initial_prompt,
+            without_timestamps=args.without_timestamps,
+        )
     collected = []
     bar = None
     if show_progress:
@@ -184,8 +198,9 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     try:
-        model = _whisper_model_class()(
-            model=args.model,
+        model_class = _transducer_model_class() if _is_transducer(args.model) else _whisper_model_class()
+        model = model_class(
+            args.model,  # WhisperModel's `model`, TransducerModel's `path`
             device=args.device,
             compute_type=args.compute_type,
             use_graphs=not args.no_graphs,

@@ -98,6 +98,8 @@ def check_state_dict(dims: WhisperDims, state_dict: Dict[str, torch.Tensor], pat
             f"checkpoint at {path} has {len(unexpected)} unexpected tensor(s), e.g. {unexpected[0]}"
         )
     for name, shape in expected.items():
+        if not isinstance(state_dict[name], torch.Tensor):
+            raise ModelLoadError(f"checkpoint at {path}: {name} is not a tensor")
         got = tuple(state_dict[name].shape)
         if got != shape:
             raise ModelLoadError(

@@ -1,0 +1,313 @@
+"""``TransducerModel``: a NeMo FastConformer RNN-T / TDT checkpoint on one device, ready to transcribe."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ...errors import InvalidOptionError, UnsupportedCheckpointError
+from ...runtime import memory_report, place_module, resolve_device, resolve_dtype, strict_float32
+from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
+from .encoder import FastConformerEncoder, encoder_state_from_nemo
+from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder
+from .nemo_checkpoint import TransducerConfig, load_nemo
+from .preprocessor import MelPreprocessor
+
+AudioInput = Union[str, Path, bytes, np.ndarray, Tensor]
+
+
+@dataclass
+class TransducerResult:
+    text: str
+    tokens: List[int]
+    frames: List[int]  # encoder frame of each token
+    durations: Optional[List[int]]  # TDT: predicted duration of each token, in encoder frames
+    timestamps: List[float] = field(default_factory=list)  # start of each token, seconds
+    audio_duration: float = 0.0
+    frame_seconds: float = 0.08
+
+
+class TransducerNetwork(nn.Module):
+    """Encoder, prediction network and joint: the weights, one copy on the device."""
+
+    def __init__(self, cfg: TransducerConfig):
+        super().__init__()
+        self.encoder = FastConformerEncoder(cfg.encoder)
+        self.prednet = PredictionNetwork(cfg.vocab_size, cfg.pred_hidden, cfg.pred_layers)
+        self.joint = Joint(cfg.encoder.d_model, cfg.pred_hidden, cfg.joint_hidden,
+                           cfg.vocab_size + 1 + len(cfg.durations), cfg.joint_activation)
+
+    @classmethod
+    def from_nemo(cls, cfg: TransducerConfig, sd, path: str = "model") -> "TransducerNetwork":
+        net = cls(cfg)
+        try:
+            parts = (
+                (net.encoder, encoder_state_from_nemo(sd, cfg.encoder)),
+                (net.prednet, decoder_state_from_nemo(sd, cfg)),
+                (net.joint, joint_state_from_nemo(sd)),
+            )
+        except KeyError as exc:
+            raise UnsupportedCheckpointError(
+                f"{path}: model_weights.ckpt lacks the weight {exc.args[0]!r} that the config's architecture needs"
+            ) from None
+        for module, state in parts:
+            try:
+                module.load_state_dict(state, strict=True)
+            except RuntimeError as exc:
+                first = str(exc).splitlines()
+                detail = " ".join(line.strip() for line in first[:3])
+                raise UnsupportedCheckpointError(f"{path}: weights do not match the config: {detail}") from None
+        return net
+
+
+class TransducerModel:
+    """A NeMo FastConformer RNN-T or TDT model (e.g. Parakeet) on one device.
+
+    path: a ``.nemo`` file. device: "auto", "cpu", "cuda", "cuda:N". compute_type: "auto"
+    (float16 on CUDA, float32 on the CPU), "float32", "float16", "bfloat16". use_graphs: replay the
+    decode loop as CUDA graphs (one per batch bucket) on CUDA devices.
+
+    Long audio: up to ``max_full_context_seconds`` the encoder attends over the whole input; longer
+    inputs are encoded in ``chunk_seconds`` windows with ``chunk_context_seconds`` of extra context
+    on each side (dropped from the output), stitched into one encoder sequence that is decoded in
+    one continuous pass, so no word is cut at a window boundary.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, Path],
+        device: str = "auto",
+        compute_type: str = "auto",
+        use_graphs: bool = True,
+        *,
+        buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
+        steps_per_replay: int = 8,
+        max_full_context_seconds: float = 300.0,
+        chunk_seconds: float = 60.0,
+        chunk_context_seconds: float = 10.0,
+        chunk_batch: int = 8,
+    ):
+        checkpoint = load_nemo(path)
+        sd = checkpoint.state_dict
+        preprocessor = MelPreprocessor(
+            checkpoint.config.preprocessor, sd.get("preprocessor.featurizer.window"), sd.get("preprocessor.featurizer.fb")
+        )
+        network = TransducerNetwork.from_nemo(checkpoint.config, sd, checkpoint.path)
+        del checkpoint.state_dict, sd
+        self._setup(checkpoint.path, checkpoint.config, checkpoint.tokenizer, network, preprocessor, device,
+                    compute_type, use_graphs, buckets=buckets, steps_per_replay=steps_per_replay,
+                    max_full_context_seconds=max_full_context_seconds, chunk_seconds=chunk_seconds,
+                    chunk_context_seconds=chunk_context_seconds, chunk_batch=chunk_batch)
+
+    @classmethod
+    def from_network(cls, network: TransducerNetwork, config: TransducerConfig, tokenizer, device: str = "auto",
+                     compute_type: str = "auto", use_graphs: bool = True, **options) -> "TransducerModel":
+        """A model from weights already in memory (benchmarks, conversions); options as for the constructor."""
+        self = cls.__new__(cls)
+        self._setup("<in memory>", config, tokenizer, network, MelPreprocessor(config.preprocessor), device,
+                    compute_type, use_graphs, **options)
+        return self
+
+    def _setup(self, path, cfg: TransducerConfig, tokenizer, network: TransducerNetwork, preprocessor: MelPreprocessor,
+               device, compute_type, use_graphs, *, buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
+               steps_per_replay: int = 8, max_full_context_seconds: float = 300.0, chunk_seconds: float = 60.0,
+               chunk_context_seconds: float = 10.0, chunk_batch: int = 8) -> None:
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(compute_type, self.device)
+        self.model_path = path
+        self.config = cfg
+        self.tokenizer = tokenizer
+        self.preprocessor = place_module(preprocessor, self.device, torch.float32)
+        self.network = place_module(network, self.device, self.dtype)
+        self.decoder = LabelLoopingDecoder(
+            self.network.prednet, self.network.joint, cfg.blank_id, cfg.durations, self.device,
+            use_graphs=use_graphs, buckets=buckets, steps_per_replay=steps_per_replay,
+        )
+        factor = cfg.encoder.subsampling_factor
+        frames_per_second = cfg.preprocessor.sample_rate / cfg.preprocessor.hop_length
+        self.max_full_context_frames = int(max_full_context_seconds * frames_per_second)
+        self.chunk_frames = max(factor, int(chunk_seconds * frames_per_second) // factor * factor)
+        self.chunk_context_frames = int(chunk_context_seconds * frames_per_second) // factor * factor
+        self.chunk_batch = max(1, int(chunk_batch))
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def is_tdt(self) -> bool:
+        return self.config.is_tdt
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.preprocessor.sample_rate
+
+    @property
+    def frame_seconds(self) -> float:
+        return self.config.frame_seconds
+
+    def memory_report(self):
+        return memory_report(self.network, self.decoder.nbytes(), self.device)
+
+    # -- stages --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def features(self, audios: Sequence[np.ndarray]) -> Tuple[Tensor, Tensor]:
+        """Mel features [B, n_mels, T] (float32) and their lengths for 1-D sample arrays."""
+        lengths = torch.tensor([a.shape[0] for a in audios], dtype=torch.int64)
+        batch = torch.zeros(len(audios), int(lengths.max()), dtype=torch.float32)
+        for i, a in enumerate(audios):
+            batch[i, : a.shape[0]] = torch.as_tensor(a, dtype=torch.float32)
+        return self.preprocessor(batch.to(self.device), lengths.to(self.device))
+
+    @torch.inference_mode()
+    def encode(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
+        """features [B, n_mels, T] -> encoder output [B, T', d_model] in the compute dtype, lengths."""
+        with strict_float32(self.device, self.dtype):
+            if features.shape[-1] <= self.max_full_context_frames:
+                return self.network.encoder(features.to(self.device), lengths.to(self.device))
+            outs, out_lengths = [], []
+            for i in range(features.shape[0]):
+                n = int(lengths[i])
+                out = self._encode_chunked(features[i:i + 1, :, :n])
+                outs.append(out)
+                out_lengths.append(out.shape[1])
+            width = max(out_lengths)
+            enc = outs[0].new_zeros(len(outs), width, outs[0].shape[-1])
+            for i, out in enumerate(outs):
+                enc[i, : out.shape[1]] = out[0]
+            return enc, torch.tensor(out_lengths, dtype=torch.int64, device=self.device)
+
+    def _encode_chunked(self, features: Tensor) -> Tensor:
+        """One long utterance [1, n_mels, T]: overlapping windows encoded in batches, centres stitched."""
+        factor = self.config.encoder.subsampling_factor
+        total = features.shape[-1]
+        chunk, context = self.chunk_frames, self.chunk_context_frames
+        windows = []
+        for start in range(0, total, chunk):
+            end = min(start + chunk, total)
+            windows.append((start, end, max(0, start - context), min(total, end + context)))
+        pieces = []
+        for first in range(0, len(windows), self.chunk_batch):
+            group = windows[first:first + self.chunk_batch]
+            width = max(b - a for _, _, a, b in group)
+            batch = features.new_zeros(len(group), features.shape[1], width)
+            lengths = torch.tensor([b - a for _, _, a, b in group], dtype=torch.int64, device=features.device)
+            for j, (_, _, a, b) in enumerate(group):
+                batch[j, :, : b - a] = features[0, :, a:b]
+            out, _ = self.network.encoder(batch, lengths)
+            for j, (start, end, a, _) in enumerate(group):
+                skip = (start - a) // factor
+                keep = -(-(end - start) // factor)
+                pieces.append(out[j, skip:skip + keep])
+        return torch.cat(pieces, dim=0)[None]
+
+    # -- transcription -------------------------------------------------------------------------
+    def _load(self, audio: AudioInput) -> np.ndarray:
+        from ...audio import load_audio
+
+        return load_audio(audio, self.sample_rate)
+
+    def _result(self, hyp: Hypothesis, samples: int) -> TransducerResult:
+        fs = self.frame_seconds
+        return TransducerResult(
+            text=self.tokenizer.decode(hyp.tokens),
+            tokens=hyp.tokens,
+            frames=hyp.frames,
+            durations=hyp.durations,
+            timestamps=[round(f * fs, 3) for f in hyp.frames],
+            audio_duration=samples / self.sample_rate,
+            frame_seconds=fs,
+        )
+
+    def _check_max_symbols(self, max_symbols: Optional[int]) -> int:
+        if max_symbols is None:
+            return self.config.max_symbols
+        if not isinstance(max_symbols, int) or isinstance(max_symbols, bool) or max_symbols < 1:
+            raise InvalidOptionError(f"max_symbols must be an integer >= 1, got {max_symbols!r}")
+        return max_symbols
+
+    def transcribe(self, audio: AudioInput, max_symbols: Optional[int] = None) -> TransducerResult:
+        """Greedy transcription of one input (a path, bytes, or 16-kHz samples)."""
+        return self.transcribe_batch([audio], batch_size=1, max_symbols=max_symbols)[0]
+
+    def transcribe_batch(
+        self, audios: Sequence[AudioInput], batch_size: int = 16, max_symbols: Optional[int] = None
+    ) -> List[TransducerResult]:
+        """Greedy transcription of several inputs, ``batch_size`` at a time; results in input order.
+
+        Each input's result is the same as transcribing it alone: padding is masked everywhere.
+        """
+        max_symbols = self._check_max_symbols(max_symbols)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        samples = [self._load(a) for a in audios]
+        order = sorted(range(len(samples)), key=lambda i: -samples[i].shape[0])  # similar lengths together
+        results: List[Optional[TransducerResult]] = [None] * len(samples)
+        for first in range(0, len(order), batch_size):
+            ids = order[first:first + batch_size]
+            hyps = self._decode_samples([samples[i] for i in ids], max_symbols)
+            for i, hyp in zip(ids, hyps):
+                results[i] = self._result(hyp, samples[i].shape[0])
+        return results  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _decode_samples(self, samples: List[np.ndarray], max_symbols: int) -> List[Hypothesis]:
+        feats, lengths = self.features(samples)
+        enc, enc_len = self.encode(feats, lengths)
+        with strict_float32(self.device, self.dtype):
+            return self.decoder.decode(enc, enc_len, max_symbols)
+
+    # -- segments (the command line and the transcript writers) --------------------------------
+    def segments(self, result: TransducerResult, max_gap_seconds: float = 1.0, max_segment_seconds: float = 30.0):
+        """Whisper-style segments from token times: split after . ? ! and at long pauses or length."""
+        from ..whisper.types import Segment
+
+        fs = result.frame_seconds
+        tokens = result.tokens
+        segments: List[Segment] = []
+        if not tokens:
+            return segments
+
+        def token_end(k: int) -> float:
+            span = result.durations[k] if result.durations is not None else 1
+            return (result.frames[k] + max(1, span)) * fs
+
+        group: List[int] = []
+
+        def close():
+            if not group:
+                return
+            ids = [tokens[k] for k in group]
+            start = result.frames[group[0]] * fs
+            end = max(token_end(group[-1]), start)
+            end = min(end, result.audio_duration) if result.audio_duration > start else end
+            segments.append(Segment(
+                id=len(segments) + 1, seek=int(round(start * 100)), start=round(start, 3), end=round(end, 3),
+                text=" " + self.tokenizer.decode(ids).strip(), tokens=ids, avg_logprob=0.0,
+                compression_ratio=0.0, no_speech_prob=0.0, words=None, temperature=0.0,
+            ))
+            group.clear()
+
+        for k in range(len(tokens)):
+            if group and self.tokenizer.starts_word(tokens[k]):
+                gap = result.frames[k] * fs - token_end(group[-1])
+                length = result.frames[k] * fs - result.frames[group[0]] * fs
+                if gap >= max_gap_seconds or length >= max_segment_seconds:
+                    close()
+            group.append(k)
+            if self.tokenizer.id_to_piece(tokens[k]).rstrip().endswith((".", "?", "!")):
+                close()
+        close()
+        return segments
+
+    def transcribe_segments(self, audio: AudioInput, max_symbols: Optional[int] = None, **_ignored):
+        """(segments iterator, info) like ``WhisperModel.transcribe``, for the CLI and the writers."""
+        from ..whisper.types import TranscriptionInfo
+
+        result = self.transcribe(audio, max_symbols=max_symbols)
+        info = TranscriptionInfo(
+            language="und", language_probability=1.0, duration=result.audio_duration,
+            transcription_options={"max_symbols": max_symbols or self.config.max_symbols, "decoding": "greedy label looping"},
+        )
+        return iter(self.segments(result)), info

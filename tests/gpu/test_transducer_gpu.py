@@ -1,0 +1,127 @@
+"""Transducers on CUDA: CPU eager, GPU eager and GPU graph paths give identical tokens, frames and
+durations on the tiny NeMo models (and, in float32, NeMo's own references).
+
+The device machine has no PyAV: clips come from OSTINATO_CLIP_SAMPLES (a folder of int16 .npy, see
+dev/export_device_bundle.py) when set; the synthetic inputs always come from stages.npz.
+"""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ostinato.models.transducer import TransducerModel
+
+pytestmark = pytest.mark.gpu
+KINDS = ("rnnt", "tdt")
+
+
+def reference_inputs(data_dir: Path):
+    tdata = data_dir / "transducer"
+    refs = json.loads((tdata / "refs.json").read_text())
+    stages = np.load(tdata / "stages.npz")
+    folder = os.environ.get("OSTINATO_CLIP_SAMPLES")
+    have_av = True
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        have_av = False
+    inputs = {}
+    for name, meta in refs["inputs"].items():
+        if meta["source"] != "clip":
+            inputs[name] = stages[f"input_{name}"].astype(np.float32) / 32768.0
+        elif folder and (Path(folder) / f"{name}.npy").exists():
+            inputs[name] = np.load(Path(folder) / f"{name}.npy").astype(np.float32) / 32768.0
+        elif have_av:
+            from ostinato.audio import load_audio
+
+            inputs[name] = load_audio(str(data_dir / "clips" / f"{name}.flac"))
+    return refs, inputs
+
+
+def outputs(results):
+    return [(r.tokens, r.frames, r.durations) for r in results]
+
+
+def decodes(refs, inputs, kind):
+    for dec in refs["models"][kind]["decodes"]:
+        if all(n in inputs for n in dec["batch"]):
+            yield dec
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_gpu_eager_gpu_graph_identical_float32(data_dir, kind):
+    refs, inputs = reference_inputs(data_dir)
+    path = data_dir / "transducer" / f"tiny_{kind}.nemo"
+    cpu = TransducerModel(path, device="cpu")
+    eager = TransducerModel(path, device="cuda", compute_type="float32", use_graphs=False)
+    graph = TransducerModel(path, device="cuda", compute_type="float32", use_graphs=True)
+    checked = 0
+    for dec in decodes(refs, inputs, kind):
+        audios = [inputs[n] for n in dec["batch"]]
+        ms = dec["max_symbols"]
+        want = outputs(cpu.transcribe_batch(audios, batch_size=8, max_symbols=ms))
+        assert outputs(eager.transcribe_batch(audios, batch_size=8, max_symbols=ms)) == want, dec["batch"]
+        assert outputs(graph.transcribe_batch(audios, batch_size=8, max_symbols=ms)) == want, dec["batch"]
+        for (tokens, frames, durations), ref in zip(want, dec["results"]):
+            assert tokens == ref["tokens"] and frames == ref["frames"]
+            if kind == "tdt":
+                assert durations == ref["durations"]
+        checked += 1
+    assert checked >= 9
+    assert graph.decoder.graph.mode(1) == "graph"
+    assert eager.decoder.graph.mode(1) == "eager"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_graph_equals_gpu_eager_half(data_dir, kind, dtype):
+    refs, inputs = reference_inputs(data_dir)
+    path = data_dir / "transducer" / f"tiny_{kind}.nemo"
+    eager = TransducerModel(path, device="cuda", compute_type=dtype, use_graphs=False)
+    graph = TransducerModel(path, device="cuda", compute_type=dtype, use_graphs=True)
+    for dec in decodes(refs, inputs, kind):
+        audios = [inputs[n] for n in dec["batch"]]
+        ms = dec["max_symbols"]
+        assert outputs(graph.transcribe_batch(audios, batch_size=8, max_symbols=ms)) == outputs(
+            eager.transcribe_batch(audios, batch_size=8, max_symbols=ms)
+        )
+
+
+def test_graphs_captured_once_per_bucket_and_state_stays_put(data_dir):
+    path = data_dir / "transducer" / "tiny_tdt.nemo"
+    model = TransducerModel(path, device="cuda", compute_type="float16")
+    rng = np.random.default_rng(0)
+    audio = [(0.1 * rng.standard_normal(16000 * s)).astype(np.float32) for s in (3, 5, 4, 2, 6)]
+    model.transcribe_batch(audio, batch_size=5)  # allocates the state for 8 rows, captures bucket 8
+    model.transcribe(audio[0])  # captures bucket 1 on the same state
+    addresses = model.decoder.state.addresses()
+    calls = {"n": 0}
+    step = model.decoder.graph.step
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return step(*args, **kwargs)
+
+    model.decoder.graph.step = counting
+    model.transcribe(audio[1])
+    model.transcribe(audio[2])
+    model.transcribe_batch(audio[::-1], batch_size=5)
+    model.transcribe_batch(audio[:3], batch_size=3)  # bucket 4: warm-up (3 runs) and capture (1)
+    assert calls["n"] == 4
+    model.transcribe_batch(audio[1:4], batch_size=3)
+    assert calls["n"] == 4  # every other call replayed a captured graph
+    assert sorted(model.decoder.graph.captured_keys()) == [1, 4, 8]
+    assert model.decoder.state.addresses() == addresses
+
+
+def test_one_copy_of_weights_and_memory_report(data_dir):
+    from ostinato.runtime import duplicated_parameters
+
+    model = TransducerModel(data_dir / "transducer" / "tiny_rnnt.nemo", device="cuda")
+    model.transcribe(np.zeros(16000 * 2, dtype=np.float32))
+    assert not duplicated_parameters(model.network)
+    assert model.decoder.prednet is model.network.prednet and model.decoder.joint is model.network.joint
+    report = model.memory_report()
+    assert report.peak_bytes is not None and report.peak_bytes > 0
