@@ -209,7 +209,7 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=60.0)
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--max-symbols", type=int, default=10)
-    ap.add_argument("--steps-per-replay", type=int, default=8)
+    ap.add_argument("--steps-per-replay", type=int, default=16)
     ap.add_argument("--plain-limit", type=int, default=32, help="run the plain loop on at most this many utterances "
                     "per batch and scale its time (it is slow); 0 = all")
     ap.add_argument("--repeats", type=int, default=3)
@@ -251,7 +251,8 @@ def main() -> None:
         t_graph, hyps = timed(lambda: graph.decoder.decode(enc, enc_len, args.max_symbols), args.repeats)
         t_eager, hyps_eager = timed(lambda: eager.decoder.decode(enc, enc_len, args.max_symbols), 1)
         n_plain = batch if args.plain_limit <= 0 else min(batch, args.plain_limit)
-        t_plain, plain = timed(lambda: plain_eager_decode(net, cfg, enc[:n_plain], enc_len[:n_plain], args.max_symbols), 1)
+        t_plain, plain = timed(lambda: plain_eager_decode(net, cfg, enc[:n_plain], enc_len[:n_plain], args.max_symbols),
+                               args.repeats if n_plain <= 4 else 1)
         t_plain_all = t_plain * batch / n_plain
         # graph and eager ostinato run the same step on the same batch: identical. The plain loop
         # runs one row at a time, so a near-tie among random labels may resolve differently.
@@ -260,7 +261,8 @@ def main() -> None:
                 hyps_eager[i].tokens, hyps_eager[i].frames, hyps_eager[i].durations), f"row {i}: graph != eager"
         same = sum((hyps[i].tokens, hyps[i].frames, hyps[i].durations) == plain[i] for i in range(n_plain))
         print(f"batch {batch}: ostinato == plain loop on {same}/{n_plain} utterances", flush=True)
-        t_e2e, _ = timed(lambda: graph.transcribe_batch(audios, batch_size=batch, max_symbols=args.max_symbols), 1)
+        t_e2e, _ = timed(lambda: graph.transcribe_batch(audios, batch_size=batch, max_symbols=args.max_symbols),
+                         args.repeats)
         tokens = sum(len(h.tokens) for h in hyps)
         rows.append((batch, total_audio, tokens, t_feat, t_enc, flops, t_graph, t_eager, t_plain_all, t_e2e,
                      n_plain < batch))

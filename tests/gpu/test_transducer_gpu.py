@@ -125,3 +125,25 @@ def test_one_copy_of_weights_and_memory_report(data_dir):
     assert model.decoder.prednet is model.network.prednet and model.decoder.joint is model.network.joint
     report = model.memory_report()
     assert report.peak_bytes is not None and report.peak_bytes > 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_half_encoder_close_to_float32(data_dir, kind, dtype):
+    """The half-precision encoder (fused Triton kernels where available) against the float32 one,
+    on a padded batch of three lengths (length groups and key padding both exercised)."""
+    import torch
+
+    path = data_dir / "transducer" / f"tiny_{kind}.nemo"
+    ref = TransducerModel(path, device="cuda", compute_type="float32")
+    half = TransducerModel(path, device="cuda", compute_type=dtype)
+    rng = np.random.default_rng(0)
+    audio = [(0.1 * rng.standard_normal(int(16000 * s))).astype(np.float32) for s in (3.3, 7.1, 5.0)]
+    feats, lengths = ref.features(audio)
+    want, want_len = ref.encode(feats, lengths)
+    got, got_len = half.encode(feats, lengths)
+    assert torch.equal(got_len, want_len)
+    for i, n in enumerate(want_len.tolist()):
+        a, b = got[i, :n].float(), want[i, :n]
+        assert torch.isfinite(a).all()
+        assert ((a - b).norm() / b.norm()).item() < (1e-2 if dtype == "float16" else 3e-2), (i, dtype)

@@ -8,12 +8,13 @@ convolution module whose batch norm is folded into the depthwise convolution.
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from .nemo_checkpoint import EncoderConfig
 
 _MASK_VALUE = -10000.0  # NeMo's INF_VAL
@@ -43,73 +44,107 @@ class DwStridingSubsampling(nn.Module):
     max_conv_bytes = 1 << 30
 
     @staticmethod
-    def _mask(x: Tensor, lengths: Tensor) -> Tensor:
-        keep = torch.arange(x.shape[2], device=x.device)[None, :] < lengths[:, None]
-        return x.mul_(keep[:, None, :, None].to(x.dtype))
+    def _mask(x: Tensor, lengths) -> Tensor:
+        """Zero each row's frames past its length (``lengths`` on the host): only the padding is written."""
+        t = x.shape[2]
+        for i, n in enumerate(lengths):
+            if n < t:
+                x[i, :, n:].zero_()
+        return x
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
         """x [B, T, feat] -> [B, T', d_model]; masked after every layer like NeMo's MaskedConvSequential."""
         b, t, f = x.shape
         per_row = self.conv0.out_channels * ((t + 1) // 2) * ((f + 1) // 2) * x.element_size()
         rows = max(1, self.max_conv_bytes // max(1, per_row))
+        host = [int(n) for n in lengths.tolist()]
         if b > rows:
-            outs = [self._forward(x[i:i + rows], lengths[i:i + rows]) for i in range(0, b, rows)]
-            return torch.cat([o for o, _ in outs]), torch.cat([n for _, n in outs])
-        return self._forward(x, lengths)
+            outs = [self._forward(x[i:i + rows], host[i:i + rows]) for i in range(0, b, rows)]
+            out = torch.cat(outs)
+        else:
+            out = self._forward(x, host)
+        return out, subsampled_length(lengths, 2 ** (1 + len(self.depthwise)))
 
-    def _forward(self, x: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
+    def _forward(self, x: Tensor, lengths) -> Tensor:
         x = self._mask(x[:, None].clone(), lengths)
-        lengths = subsampled_length(lengths, 2)
+        lengths = [(n - 1) // 2 + 1 for n in lengths]
         x = self._mask(self.conv0(x), lengths).relu_()
         for dw, pw in zip(self.depthwise, self.pointwise):
-            lengths = subsampled_length(lengths, 2)
+            lengths = [(n - 1) // 2 + 1 for n in lengths]
             x = self._mask(dw(x), lengths)
             x = self._mask(pw(x), lengths).relu_()
         b, c, t, f = x.shape
-        return self.out(x.transpose(1, 2).reshape(b, t, c * f)), lengths
+        return self.out(x.transpose(1, 2).reshape(b, t, c * f))
 
 
 def relative_positions(length: int, d_model: int, device, dtype) -> Tensor:
-    """NeMo's RelPositionalEncoding for positions length-1 .. -(length-1): [1, 2*length-1, d_model]."""
-    positions = torch.arange(length - 1, -length, -1, dtype=torch.float32, device=device).unsqueeze(1)
+    """NeMo's RelPositionalEncoding for positions -(length-1) .. length-1 (ascending; NeMo lists them
+    descending): [2*length-1, d_model]."""
+    positions = torch.arange(-(length - 1), length, dtype=torch.float32, device=device).unsqueeze(1)
     div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=device) * -(math.log(10000.0) / d_model))
     pe = torch.zeros(positions.shape[0], d_model, device=device)
     pe[:, 0::2] = torch.sin(positions * div_term)
     pe[:, 1::2] = torch.cos(positions * div_term)
-    return pe.unsqueeze(0).to(dtype)
+    return pe.to(dtype)
 
 
 class RelPositionAttention(nn.Module):
+    """Transformer-XL relative-position attention through ``scaled_dot_product_attention``.
+
+    score[i, j] = ((q_i + u) . k_j + (q_i + v) . p(i - j)) / sqrt(d_k). With the keys taken in reverse
+    time order (j' = T-1-j) the position term of query i is a product with the *contiguous* window
+    p[i : i+T] of the ascending position projections, so each head's term is one batched matrix product
+    over strided windows (no [T, 2T-1] intermediate, no shift copy), written straight into the additive
+    bias that SDPA reads. Key padding is added to that bias; padded query rows give finite values that
+    no valid frame ever reads.
+    """
+
     def __init__(self, d_model: int, n_heads: int, bias: bool):
         super().__init__()
         self.h, self.d_k = n_heads, d_model // n_heads
-        self.linear_q = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_k = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_v = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.linear_out = nn.Linear(d_model, d_model, bias=bias)
         self.linear_pos = nn.Linear(d_model, d_model, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.d_k))
 
-    def forward(self, x: Tensor, pos_emb: Tensor, att_mask: Tensor) -> Tensor:
-        """x [B, T, d]; pos_emb [1, 2T-1, d]; att_mask [B, 1, T, T] True where attention is not allowed."""
-        b, t, _ = x.shape
-        q = self.linear_q(x).view(b, t, self.h, self.d_k)
-        k = self.linear_k(x).view(b, t, self.h, self.d_k).transpose(1, 2)
-        v = self.linear_v(x).view(b, t, self.h, self.d_k).transpose(1, 2)
-        p = self.linear_pos(pos_emb).view(1, -1, self.h, self.d_k).transpose(1, 2)  # [1, h, 2T-1, d_k]
+    def forward(self, x: Tensor, pos_emb: Tensor, key_bias: Optional[Tensor]) -> Tensor:
+        """x [B, T, d]; pos_emb [2T-1, d] (ascending positions); key_bias [B, T] (0 or -10000) or None
+        when no row is padded."""
+        b, t, d = x.shape
+        h, dk = self.h, self.d_k
+        scale = 1.0 / math.sqrt(dk)
+        qkv = self.linear_qkv(x)
+        q = qkv[..., :d].view(b, t, h, dk)
+        if kernels.available(x) and dk in (16, 32, 64, 128):
+            # CUDA half: the position term and key padding written straight into SDPA's bias
+            p = self.linear_pos(pos_emb).contiguous()
+            q_u, bias = kernels.relpos_bias(q, p, self.pos_bias_u, self.pos_bias_v, key_bias, scale)
+            k = qkv[..., d:2 * d].view(b, t, h, dk).transpose(1, 2)
+            v = qkv[..., 2 * d:].view(b, t, h, dk).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q_u.transpose(1, 2), k, v, attn_mask=bias)
+            return self.linear_out(out.transpose(1, 2).reshape(b, t, d))
+        if key_bias is not None:
+            key_bias = key_bias.flip(1)
+        kv = torch.flip(qkv[..., d:], dims=(1,))  # keys and values in reverse time order
+        k = kv[..., :d].view(b, t, h, dk).transpose(1, 2)
+        v = kv[..., d:].view(b, t, h, dk).transpose(1, 2)
         q_u = (q + self.pos_bias_u).transpose(1, 2)
-        q_v = (q + self.pos_bias_v).transpose(1, 2)
-        bd = torch.matmul(q_v, p.transpose(-2, -1)).contiguous()  # [B, h, T, 2T-1]
-        # Transformer-XL relative shift without the padded copy: out[i, j] = bd[i, T-1-i+j]
-        w = bd.shape[-1]
-        bd = bd.as_strided((b, self.h, t, t), (self.h * t * w, t * w, w - 1, 1), bd.storage_offset() + t - 1)
-        scale = 1.0 / math.sqrt(self.d_k)
-        bias = (bd * scale).masked_fill(att_mask, _MASK_VALUE)
-        out = F.scaled_dot_product_attention(q_u, k, v, attn_mask=bias)
-        # rows that may attend nowhere (padding frames) are zero, as in NeMo
-        out = out.masked_fill(att_mask.all(dim=-1, keepdim=True), 0.0)
-        return self.linear_out(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
+        # (q + v) / sqrt(d_k), laid out [h, T, B, d_k] for the per-head products below
+        q_v = torch.empty(h, t, b, dk, device=x.device, dtype=x.dtype)
+        torch.add(self.pos_bias_v[:, None, None, :] * scale, q.permute(2, 1, 0, 3), alpha=scale, out=q_v)
+        p = self.linear_pos(pos_emb).contiguous()  # [2T-1, d]
+        pad = -(-t // 16) * 16  # rows of the bias 16-element aligned: SDPA uses it without a copy
+        bias = torch.empty(h, t, b, pad, device=x.device, dtype=x.dtype)
+        off = p.storage_offset()
+        for head in range(h):
+            window = p.as_strided((t, dk, t), (d, 1, d), off + head * dk)  # [i, :, j'] = p[i + j', head]
+            torch.bmm(q_v[head], window, out=bias[head, :, :, :t])
+        bias = bias[..., :t]
+        if key_bias is not None:
+            bias.add_(key_bias)
+        out = F.scaled_dot_product_attention(q_u, k, v, attn_mask=bias.permute(2, 0, 1, 3))
+        return self.linear_out(out.transpose(1, 2).reshape(b, t, d))
 
 
 class FeedForward(nn.Module):
@@ -119,7 +154,7 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(F.silu(self.linear1(x)))
+        return self.linear2(F.silu(self.linear1(x), inplace=True))
 
 
 class ConvModule(nn.Module):
@@ -131,9 +166,14 @@ class ConvModule(nn.Module):
         self.depthwise = nn.Conv1d(d_model, d_model, kernel_size, padding=(kernel_size - 1) // 2, groups=d_model, bias=True)
         self.pointwise2 = nn.Linear(d_model, d_model, bias=bias)
 
-    def forward(self, x: Tensor, pad_mask: Tensor) -> Tensor:
-        x = F.glu(self.pointwise1(x), dim=-1)
-        x = x.masked_fill(pad_mask[:, :, None], 0.0)
+    def forward(self, x: Tensor, pad_mask: Optional[Tensor], lengths: Tensor) -> Tensor:
+        x = self.pointwise1(x)
+        if kernels.available(x):  # GLU, padding mask, depthwise conv and swish in one pass
+            x = kernels.glu_dwconv_silu(x, self.depthwise.weight, self.depthwise.bias, lengths)
+            return self.pointwise2(x)
+        x = F.glu(x, dim=-1)
+        if pad_mask is not None:
+            x = x.masked_fill(pad_mask[:, :, None], 0.0)
         x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
         return self.pointwise2(F.silu(x))
 
@@ -152,11 +192,13 @@ class ConformerLayer(nn.Module):
         self.ff2 = FeedForward(d, cfg.d_ff, bias)
         self.norm_out = nn.LayerNorm(d)
 
-    def forward(self, x: Tensor, pos_emb: Tensor, att_mask: Tensor, pad_mask: Tensor) -> Tensor:
-        x = x + 0.5 * self.ff1(self.norm_ff1(x))
-        x = x + self.attn(self.norm_att(x), pos_emb, att_mask)
-        x = x + self.conv(self.norm_conv(x), pad_mask)
-        x = x + 0.5 * self.ff2(self.norm_ff2(x))
+    def forward(self, x: Tensor, pos_emb: Tensor, key_bias: Optional[Tensor], pad_mask: Optional[Tensor],
+                lengths: Tensor) -> Tensor:
+        """x is the layer's own residual stream (updated in place)."""
+        x = x.add_(self.ff1(self.norm_ff1(x)), alpha=0.5)
+        x = x.add_(self.attn(self.norm_att(x), pos_emb, key_bias))
+        x = x.add_(self.conv(self.norm_conv(x), pad_mask, lengths))
+        x = x.add_(self.ff2(self.norm_ff2(x)), alpha=0.5)
         return self.norm_out(x)
 
 
@@ -172,19 +214,24 @@ class FastConformerEncoder(nn.Module):
         return subsampled_length(feature_lengths, self.cfg.subsampling_factor)
 
     def forward(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
-        """features [B, feat, T] -> encoder output [B, T', d_model] (time-major, unlike NeMo), lengths [B]."""
+        """features [B, feat, T] -> encoder output [B, T', d_model] (time-major, unlike NeMo), lengths [B].
+
+        Frames past a row's length hold finite values that depend on the padding; read only valid frames.
+        """
         dtype = self.pre_encode.out.weight.dtype
         x, lengths = self.pre_encode(features.transpose(1, 2).to(dtype), lengths)
         if self.xscale is not None:
-            x = x * self.xscale
+            x = x.mul_(self.xscale)
         t = x.shape[1]
         pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
         valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
-        pad_mask = ~valid
-        att_mask = ~(valid[:, None, :] & valid[:, :, None])  # [B, T, T]
-        att_mask = att_mask[:, None]
+        if bool((lengths >= t).all()):  # one host sync per forward: no padding, no masks
+            pad_mask = key_bias = None
+        else:
+            pad_mask = ~valid
+            key_bias = torch.zeros(valid.shape, device=x.device, dtype=x.dtype).masked_fill_(pad_mask, _MASK_VALUE)
         for layer in self.layers:
-            x = layer(x, pos_emb, att_mask, pad_mask)
+            x = layer(x, pos_emb, key_bias, pad_mask, lengths)
         return x, lengths
 
 
@@ -215,10 +262,12 @@ def encoder_state_from_nemo(sd: Dict[str, Tensor], cfg: EncoderConfig) -> Dict[s
                 out[f"{dst}{name}.{lin}.weight"] = sd[f"{src}{ff}.{lin}.weight"]
                 if cfg.use_bias:
                     out[f"{dst}{name}.{lin}.bias"] = sd[f"{src}{ff}.{lin}.bias"]
-        for lin in ("linear_q", "linear_k", "linear_v", "linear_out"):
-            out[f"{dst}attn.{lin}.weight"] = sd[f"{src}self_attn.{lin}.weight"]
-            if cfg.use_bias:
-                out[f"{dst}attn.{lin}.bias"] = sd[f"{src}self_attn.{lin}.bias"]
+        # q, k and v as one product
+        out[f"{dst}attn.linear_qkv.weight"] = torch.cat([sd[f"{src}self_attn.linear_{n}.weight"] for n in "qkv"])
+        out[f"{dst}attn.linear_out.weight"] = sd[f"{src}self_attn.linear_out.weight"]
+        if cfg.use_bias:
+            out[f"{dst}attn.linear_qkv.bias"] = torch.cat([sd[f"{src}self_attn.linear_{n}.bias"] for n in "qkv"])
+            out[f"{dst}attn.linear_out.bias"] = sd[f"{src}self_attn.linear_out.bias"]
         out[f"{dst}attn.linear_pos.weight"] = sd[f"{src}self_attn.linear_pos.weight"]
         for bias in ("pos_bias_u", "pos_bias_v"):
             key = f"{src}self_attn.{bias}" if cfg.untie_biases else f"encoder.{bias}"

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ...errors import InvalidOptionError
 from ...runtime import DeviceState, StepGraph
+from . import kernels
 from .decoder import Joint, PredictionNetwork
 
 DEFAULT_TRANSDUCER_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -57,7 +58,7 @@ class LabelLoopingDecoder:
         *,
         use_graphs: bool = True,
         buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
-        steps_per_replay: int = 8,
+        steps_per_replay: int = 16,
     ):
         self.prednet = prednet
         self.joint = joint
@@ -69,6 +70,14 @@ class LabelLoopingDecoder:
         self.buckets = tuple(sorted(buckets))
         self.steps_per_replay = int(steps_per_replay)
         self.dtype = joint.out.weight.dtype
+        # CUDA half precision: the step runs as five fused launches (kernels.py); else plain PyTorch
+        self.fused = (
+            kernels.available(joint.out.weight)
+            and joint.enc.out_features % 16 == 0
+            and prednet.hidden % 16 == 0
+            and joint.out.weight.is_contiguous()
+            and all(w.is_contiguous() for w in prednet.weights)
+        )
         self.state: Optional[DeviceState] = None
         self.graph: Optional[StepGraph] = None
         self._rows = self._frames = self._symbols = 0
@@ -123,6 +132,18 @@ class LabelLoopingDecoder:
         st.allocate("row_index", (rows,), i64)
         st["row_index"].copy_(torch.arange(rows, device=self.device))
         st.allocate("any_active", (1,), torch.bool)
+        if self.fused:
+            n_out = self.joint.out.out_features
+            st.allocate("h_next", (layers, rows, hidden), dt)  # ping-pong partner of "h"
+            st.allocate("logits", (rows, n_out), torch.float32)
+            st.allocate("label", (rows,), i64)
+            st.allocate("emit", (rows,), i32)
+            if "durations" not in st:
+                st.allocate("durations", (1,), i64)
+            # layer 0's input term for every label, precomputed: embed @ W_ih0^T (float32)
+            st.allocate("table0", (self.prednet.embed.num_embeddings, 4 * hidden), torch.float32)
+            w_ih = self.prednet.weights[0][:, :hidden].float()
+            torch.matmul(self.prednet.embed.weight.float(), w_ih.t(), out=st["table0"])
         self.capacity = capacity
         return st
 
@@ -138,9 +159,42 @@ class LabelLoopingDecoder:
 
     # -- the step ------------------------------------------------------------------------------
     def _replay_step(self, rows: int) -> None:
-        for _ in range(self.steps_per_replay):
-            self.step(rows)
-        self.state["any_active"].copy_(self.state["active"][:rows].any().reshape(1))
+        if self.fused:
+            for i in range(self.steps_per_replay):
+                self.fused_step(rows, i % 2)
+            if self.steps_per_replay % 2:
+                self.state["h"][:, :rows].copy_(self.state["h_next"][:, :rows])
+        else:
+            for _ in range(self.steps_per_replay):
+                self.step(rows)
+        torch.any(self.state["active"][:rows], dim=0, keepdim=True, out=self.state["any_active"])
+
+    def _project_prediction(self, h_last: Tensor, rows: int) -> None:
+        """g_proj = pred(h of the last layer), as one product (also for rows whose h did not change:
+        the same product of the same numbers, so their g_proj stays bit for bit)."""
+        pred = self.joint.pred
+        torch.addmm(pred.bias, h_last, pred.weight.t(), out=self.state["g_proj"][:rows])
+
+    def fused_step(self, rows: int, parity: int) -> None:
+        """``step`` as five launches (CUDA, half precision); h ping-pongs between "h" and "h_next"."""
+        st = self.state
+        h_in, h_out = (st["h"], st["h_next"]) if parity == 0 else (st["h_next"], st["h"])
+        c = st["c"]
+        logits = st["logits"][:rows]
+        kernels.joint_logits(st["enc_proj"], st["t"], st["last_t"], st["g_proj"][:rows], self.joint.out.weight,
+                             self.joint.out.bias, logits)
+        n_labels = logits.shape[1] - len(self.durations)
+        kernels.decode_tail(logits, n_labels, st["durations"], st["t"], st["length"], st["active"], st["n_tokens"],
+                            st["last_label_frame"], st["labels_at_frame"], st["max_symbols"], st["out_labels"],
+                            st["out_frames"], st["out_durations"] if self.is_tdt else None, self.capacity,
+                            st["label"], st["emit"], self.blank_id, self.is_tdt)
+        p = self.prednet
+        for layer in range(p.num_layers):
+            kernels.lstm_layer(
+                None if layer == 0 else h_out[layer - 1, :rows], st["table0"] if layer == 0 else None, st["label"],
+                h_in[layer, :rows], h_out[layer, :rows], c[layer, :rows], p.weights[layer], p.biases[layer], st["emit"],
+            )
+        self._project_prediction(h_out[p.num_layers - 1, :rows], rows)
 
     def step(self, rows: int) -> None:
         """One joint evaluation for every row of the bucket, masked; graph-safe (no host sync)."""
@@ -207,9 +261,12 @@ class LabelLoopingDecoder:
         c.zero_()
         start = torch.full((rows,), self.blank_id, dtype=torch.int64, device=self.device)
         g, h_new, c_new = self.prednet.step(start, h, c)
-        st["g_proj"][:rows].copy_(self.joint.project_prediction(g))
         h.copy_(h_new)
         c.copy_(c_new)
+        if self.fused:
+            self._project_prediction(h[-1], rows)
+        else:
+            st["g_proj"][:rows].copy_(self.joint.project_prediction(g))
 
     @torch.inference_mode()
     def decode(self, enc: Tensor, lengths: Tensor, max_symbols: int = 10) -> List[Hypothesis]:

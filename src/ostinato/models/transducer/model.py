@@ -1,6 +1,7 @@
 """``TransducerModel``: a NeMo FastConformer RNN-T / TDT checkpoint on one device, ready to transcribe."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
@@ -85,7 +86,7 @@ class TransducerModel:
         use_graphs: bool = True,
         *,
         buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
-        steps_per_replay: int = 8,
+        steps_per_replay: int = 16,
         max_full_context_seconds: float = 300.0,
         chunk_seconds: float = 60.0,
         chunk_context_seconds: float = 10.0,
@@ -114,7 +115,7 @@ class TransducerModel:
 
     def _setup(self, path, cfg: TransducerConfig, tokenizer, network: TransducerNetwork, preprocessor: MelPreprocessor,
                device, compute_type, use_graphs, *, buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
-               steps_per_replay: int = 8, max_full_context_seconds: float = 300.0, chunk_seconds: float = 60.0,
+               steps_per_replay: int = 16, max_full_context_seconds: float = 300.0, chunk_seconds: float = 60.0,
                chunk_context_seconds: float = 10.0, chunk_batch: int = 8) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(compute_type, self.device)
@@ -155,17 +156,18 @@ class TransducerModel:
     def features(self, audios: Sequence[np.ndarray]) -> Tuple[Tensor, Tensor]:
         """Mel features [B, n_mels, T] (float32) and their lengths for 1-D sample arrays."""
         lengths = torch.tensor([a.shape[0] for a in audios], dtype=torch.int64)
-        batch = torch.zeros(len(audios), int(lengths.max()), dtype=torch.float32)
+        # the padded batch is built on the device: one host-to-device copy per input, no host-side batch
+        batch = torch.zeros(len(audios), int(lengths.max()), dtype=torch.float32, device=self.device)
         for i, a in enumerate(audios):
-            batch[i, : a.shape[0]] = torch.as_tensor(a, dtype=torch.float32)
-        return self.preprocessor(batch.to(self.device), lengths.to(self.device))
+            batch[i, : a.shape[0]].copy_(torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32))
+        return self.preprocessor(batch, lengths.to(self.device))
 
     @torch.inference_mode()
     def encode(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
         """features [B, n_mels, T] -> encoder output [B, T', d_model] in the compute dtype, lengths."""
         with strict_float32(self.device, self.dtype):
             if features.shape[-1] <= self.max_full_context_frames:
-                return self.network.encoder(features.to(self.device), lengths.to(self.device))
+                return self._encode_grouped(features.to(self.device), lengths)
             outs, out_lengths = [], []
             for i in range(features.shape[0]):
                 n = int(lengths[i])
@@ -177,6 +179,56 @@ class TransducerModel:
             for i, out in enumerate(outs):
                 enc[i, : out.shape[1]] = out[0]
             return enc, torch.tensor(out_lengths, dtype=torch.int64, device=self.device)
+
+    # a group's fixed cost, in encoder frames: launches, and small products that fill the GPU less
+    group_overhead_frames = 2000
+
+    def _length_groups(self, lengths: List[int]) -> List[List[int]]:
+        """Rows in groups of similar length (longest first), each encoded padded to its own longest.
+
+        Minimizes the padded work: per group n * T * (1 + T / 8500) subsampled frames (the attention
+        term grows with T) plus a fixed ``group_overhead_frames``; exact dynamic programme over the
+        sorted lengths.
+        """
+        factor = self.config.encoder.subsampling_factor
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        sub = [max(1, -(-lengths[i] // factor)) for i in order]
+        n = len(sub)
+        best = [0.0] + [math.inf] * n
+        cut = [0] * (n + 1)
+        for j in range(1, n + 1):
+            for i in range(j):
+                t = sub[i]
+                cost = best[i] + (j - i) * t * (1.0 + t / 8500.0) + self.group_overhead_frames
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        groups = []
+        j = n
+        while j > 0:
+            groups.append(order[cut[j]:j])
+            j = cut[j]
+        return groups[::-1]
+
+    def _encode_grouped(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
+        """The encoder over length groups (rows are independent: padding only costs time)."""
+        host = [int(n) for n in lengths.tolist()]
+        lengths = lengths.to(self.device)
+        groups = self._length_groups(host)
+        if len(groups) == 1:
+            return self.network.encoder(features, lengths)
+        outs = []
+        for rows in groups:
+            width = max(host[i] for i in rows)
+            index = torch.tensor(rows, device=self.device)
+            out, out_len = self.network.encoder(features[index, :, :width], lengths[index])
+            outs.append((index, out, out_len))
+        width = max(out.shape[1] for _, out, _ in outs)
+        enc = outs[0][1].new_zeros(features.shape[0], width, outs[0][1].shape[-1])
+        enc_len = torch.zeros(features.shape[0], dtype=torch.int64, device=self.device)
+        for index, out, out_len in outs:
+            enc[index, : out.shape[1]] = out
+            enc_len[index] = out_len
+        return enc, enc_len
 
     def _encode_chunked(self, features: Tensor) -> Tensor:
         """One long utterance [1, n_mels, T]: overlapping windows encoded in batches, centres stitched."""

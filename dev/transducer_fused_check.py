@@ -1,0 +1,91 @@
+"""CPU check of the fused (Triton) decode step against the PyTorch step, in the Triton interpreter.
+
+    TRITON_INTERPRET=1 PYTHONPATH=src:/path/to/triton python dev/transducer_fused_check.py
+"""
+import math
+import sys
+
+import torch
+
+sys.path.insert(0, "bench")
+from ostinato.models.transducer import kernels  # noqa: E402
+from ostinato.models.transducer.decoder import Joint, PredictionNetwork  # noqa: E402
+from ostinato.models.transducer.label_looping import LabelLoopingDecoder  # noqa: E402
+
+
+def make(vocab, hidden, joint_hidden, durations, dtype, seed=0, blank_boost=0.3):
+    torch.manual_seed(seed)
+    p = PredictionNetwork(vocab, hidden, 2)
+    for w in p.weights:
+        w.data.normal_(0, 1 / math.sqrt(hidden))
+    for b in p.biases:
+        b.data.normal_(0, 0.1)
+    p.embed.weight.data.normal_(0, 1)
+    j = Joint(48, hidden, joint_hidden, vocab + 1 + len(durations), "relu")
+    j.out.weight.data.mul_(3.0)
+    with torch.no_grad():
+        j.out.bias[vocab] += blank_boost
+    return p.to(dtype).eval(), j.to(dtype).eval()
+
+
+def main():
+    assert kernels._INTERPRET and kernels.HAVE_TRITON
+    dtype = torch.float16
+    for durations in ([0, 1, 2, 3, 4], []):
+        p, j = make(40, 32, 32, durations, dtype)
+        enc = torch.randn(3, 23, 48).to(dtype)
+        lengths = torch.tensor([23, 17, 5])
+        results = {}
+        for fused in (False, True):
+            dec = LabelLoopingDecoder(p, j, 40, durations, torch.device("cpu"), use_graphs=False, steps_per_replay=3)
+            dec.fused = fused
+            with torch.inference_mode():
+                results[fused] = [(h.tokens, h.frames, h.durations) for h in dec.decode(enc, lengths, max_symbols=2)]
+        same = results[True] == results[False]
+        print("tdt" if durations else "rnnt", "fused == torch:", same, [len(r[0]) for r in results[True]])
+        if not same:
+            for a, b in zip(results[True], results[False]):
+                print(" fused", a)
+                print(" torch", b)
+    # conv module kernel
+    x = torch.randn(2, 37, 2 * 64).to(dtype)
+    w = torch.randn(64, 1, 9).to(dtype) * 0.3
+    b = torch.randn(64).to(dtype)
+    lengths = torch.tensor([37, 20])
+    got = kernels.glu_dwconv_silu(x, w, b, lengths).float()
+    y = torch.nn.functional.glu(x.float(), dim=-1)
+    y = y.masked_fill(torch.arange(37)[None, :, None] >= lengths[:, None, None], 0.0)
+    ref = torch.nn.functional.silu(torch.nn.functional.conv1d(y.transpose(1, 2), w.float(), b.float(), padding=4, groups=64)).transpose(1, 2)
+    err = ((got - ref).norm() / ref.norm()).item()
+    print("glu_dwconv_silu rel err", err)
+    assert err < 2e-3
+
+
+if __name__ == "__main__":
+    main()
+
+
+def check_relpos():
+    import math as _m
+    from ostinato.models.transducer.encoder import RelPositionAttention, relative_positions
+    torch.manual_seed(0)
+    b, t, h, dk = 2, 70, 2, 16
+    d = h * dk
+    att = RelPositionAttention(d, h, True)
+    att.pos_bias_u.data.normal_(); att.pos_bias_v.data.normal_()
+    x = torch.randn(b, t, d)
+    pe = relative_positions(t, d, "cpu", torch.float32)
+    lengths = torch.tensor([70, 50])
+    kb = torch.zeros(b, t).masked_fill_(torch.arange(t)[None] >= lengths[:, None], -10000.0)
+    with torch.inference_mode():
+        ref = att(x, pe, kb)  # float32 torch path
+        att16 = att.half()
+        got = att16(x.half(), pe.half(), kb.half()).float()  # interpreter: triton path
+    for i, n in enumerate(lengths.tolist()):
+        err = ((got[i, :n] - ref[i, :n]).norm() / ref[i, :n].norm()).item()
+        print("relpos attention fp16 (triton bias) vs fp32 rel err", err)
+        assert err < 5e-3
+
+
+if __name__ == "__main__":
+    check_relpos()

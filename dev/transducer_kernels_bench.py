@@ -1,0 +1,124 @@
+"""Times launch configurations of the transducer's Triton kernels on the device, checks each against
+the current default's output, sets kernels.CONFIG to the fastest, and (with --bench) then runs
+bench/transducer_gpu.py in the same process with those settings.
+
+    PYTHONPATH=src python dev/transducer_kernels_bench.py [--bench ARGS...]
+"""
+import sys
+
+import torch
+import triton.testing
+
+from ostinato.models.transducer import kernels
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
+
+
+def pick(name, variants, run, check, timed_run=None):
+    ref = None
+    best = None
+    for v in variants:
+        kernels.CONFIG[name] = v
+        try:
+            out = run()
+            torch.cuda.synchronize()
+        except Exception as exc:  # a configuration that does not compile
+            print(f"  {name} {v}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            continue
+        if ref is None:
+            ref = out
+        err = check(out, ref)
+        us = bench(timed_run or run)
+        print(f"  {name} {v}: {us:8.1f} us  err vs first {err:.1e}")
+        if err < 1e-2 and (best is None or us < best[0]):
+            best = (us, v)
+    kernels.CONFIG[name] = best[1]
+    print(f"{name}: chose {best[1]} ({best[0]:.1f} us)")
+
+
+def rel(a, b):
+    if isinstance(a, tuple):
+        return max(rel(x, y) for x, y in zip(a, b))
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def main():
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.float16
+    # relative-position bias: the largest group of the batch-128 run
+    b, t, h, dk = 39, 750, 8, 128
+    qkv = torch.randn(b, t, 3 * h * dk, device=dev, dtype=dt)
+    q = qkv[..., : h * dk].view(b, t, h, dk)
+    p = torch.randn(2 * t - 1, h * dk, device=dev, dtype=dt)
+    u = torch.randn(h, dk, device=dev, dtype=dt)
+    v = torch.randn(h, dk, device=dev, dtype=dt)
+    kb = torch.zeros(b, t, device=dev, dtype=dt)
+    kb[:, 700:] = -10000.0
+    pick("relpos", [dict(BM=64, BN=64, num_warps=4, num_stages=2), dict(BM=64, BN=64, num_warps=8, num_stages=2),
+                    dict(BM=32, BN=32, num_warps=4, num_stages=2), dict(BM=64, BN=64, num_warps=4, num_stages=1)],
+         lambda: kernels.relpos_bias(q, p, u, v, kb, 0.0884), rel)
+    # conv module middle
+    x = torch.randn(b, t, 2048, device=dev, dtype=dt)
+    w = torch.randn(1024, 1, 9, device=dev, dtype=dt)
+    bias = torch.randn(1024, device=dev, dtype=dt)
+    lengths = torch.full((b,), 700, device=dev, dtype=torch.int64)
+    pick("glu_dwconv", [dict(BT=32, BC=64, num_warps=4), dict(BT=64, BC=64, num_warps=4), dict(BT=16, BC=128, num_warps=4),
+                        dict(BT=32, BC=128, num_warps=4), dict(BT=64, BC=128, num_warps=8), dict(BT=128, BC=32, num_warps=4)],
+         lambda: kernels.glu_dwconv_silu(x, w, bias, lengths), rel)
+    # decode kernels at batch 1 and 128
+    H, J, n_out, frames = 640, 640, 1030, 800
+    W = torch.randn(4 * H, 2 * H, device=dev, dtype=dt) * 0.03
+    bW = torch.randn(4 * H, device=dev, dtype=dt) * 0.1
+    table = torch.randn(1025, 4 * H, device=dev, dtype=torch.float32)
+    Wo = torch.randn(n_out, J, device=dev, dtype=dt) * 0.04
+    bo = torch.randn(n_out, device=dev, dtype=dt)
+    for rows in (1, 128):
+        label = torch.randint(0, 1024, (rows,), device=dev)
+        emit = torch.ones(rows, device=dev, dtype=torch.int32)
+        h_in = torch.randn(rows, H, device=dev, dtype=dt)
+        xin = torch.randn(rows, H, device=dev, dtype=dt)
+        h_out = torch.empty_like(h_in)
+        c = torch.randn(rows, H, device=dev, dtype=dt)
+        c0 = c.clone()
+
+        def launch_lstm():
+            kernels.lstm_layer(xin, None, label, h_in, h_out, c, W, bW, emit)
+            kernels.lstm_layer(None, table, label, h_in, h_out, c, W, bW, emit)
+
+        def run_lstm():
+            c.copy_(c0)
+            launch_lstm()
+            return h_out.clone(), c.clone()
+
+        name = "lstm" if rows <= 16 else "lstm_wide"
+        print(f"rows {rows} (each timing: two layers, layer 1 then layer 0)")
+        pick(name, [dict(BJ=4, num_warps=4, BK=64), dict(BJ=4, num_warps=4, BK=128), dict(BJ=4, num_warps=8, BK=128),
+                    dict(BJ=8, num_warps=4, BK=64), dict(BJ=8, num_warps=4, BK=128), dict(BJ=4, num_warps=2, BK=128)],
+             run_lstm, rel, launch_lstm)
+        enc = torch.randn(rows, frames, J, device=dev, dtype=dt)
+        g = torch.randn(rows, J, device=dev, dtype=dt)
+        t_ = torch.randint(0, frames, (rows,), device=dev)
+        last = torch.full((rows,), frames - 1, device=dev)
+        out = torch.empty(rows, n_out, device=dev)
+
+        def run_joint():
+            kernels.joint_logits(enc, t_, last, g, Wo, bo, out)
+            return out.clone()
+
+        pick("joint" if rows <= 16 else "joint_wide", [dict(BN=16, num_warps=4, BK=64), dict(BN=32, num_warps=4, BK=64), dict(BN=16, num_warps=4, BK=128),
+                       dict(BN=32, num_warps=4, BK=128), dict(BN=16, num_warps=8, BK=128)],
+             run_joint, rel, lambda: kernels.joint_logits(enc, t_, last, g, Wo, bo, out))
+    print("CONFIG =", kernels.CONFIG)
+    if "--bench" in sys.argv:
+        sys.argv = ["bench/transducer_gpu.py"] + sys.argv[sys.argv.index("--bench") + 1:]
+        sys.path.insert(0, "bench")
+        import transducer_gpu
+
+        transducer_gpu.main()
+
+
+if __name__ == "__main__":
+    main()
