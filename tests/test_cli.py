@@ -1,4 +1,5 @@
 """The command line, run in-process against a fake WhisperModel (no weights, no torch work)."""
+import io
 import os
 import subprocess
 import sys
@@ -121,18 +122,27 @@ def test_options_reach_the_model(fake_model, audio, tmp_path, capsys):
     rc = cli.main([
         "transcribe", audio("a.wav"), "-o", str(tmp_path), "-f", "txt", "--model", "some/ckpt",
         "--device", "cuda:1", "--compute-type", "float16", "--language", "de", "--task", "translate",
-        "--beam-size", "5", "--temperature", "0.4", "--initial-prompt", "Glossary: ostinato.",
-        "--without-timestamps", "--no-graphs", "--quiet",
+        "--beam-size", "3", "--temperature", "0.4", "--initial-prompt", "Glossary: ostinato.",
+        "--without-timestamps", "--no-graphs", "--quiet", "--best-of", "2", "--patience", "1.5",
+        "--length-penalty", "0.5", "--no-condition-on-previous-text", "--seed", "7",
+        "--clip-timestamps", "1.5,20", "--hotwords", "ostinato", "--prefix", "Hello",
     ])
     assert rc == 0
     assert capsys.readouterr().out == ""  # --quiet
     (model,) = fake_model.created
     assert model.options == dict(model="some/ckpt", device="cuda:1", compute_type="float16", use_graphs=False)
     assert model.calls[0][1] == dict(
-        language="de", task="translate", beam_size=5, temperature=0.4,
-        initial_prompt="Glossary: ostinato.", without_timestamps=True,
+        language="de", task="translate", beam_size=3, temperature=0.4,
+        initial_prompt="Glossary: ostinato.", without_timestamps=True, best_of=2, patience=1.5,
+        length_penalty=0.5, condition_on_previous_text=False, seed=7, clip_timestamps="1.5,20",
+        hotwords="ostinato", prefix="Hello",
     )
     assert [p.name for p in tmp_path.glob("*.txt")] == ["a.txt"]
+
+
+def test_temperature_schedule(fake_model, audio, tmp_path):
+    assert cli.main(["transcribe", audio("a.wav"), "-o", str(tmp_path), "-q", "--temperature", "0,0.5,1"]) == 0
+    assert fake_model.created[0].calls[0][1]["temperature"] == (0.0, 0.5, 1.0)
 
 
 def test_defaults(fake_model, audio, tmp_path, monkeypatch, capsys):
@@ -140,9 +150,11 @@ def test_defaults(fake_model, audio, tmp_path, monkeypatch, capsys):
     assert cli.main(["transcribe", audio("a.wav")]) == 0
     (model,) = fake_model.created
     assert model.options == dict(model=None, device="auto", compute_type="auto", use_graphs=True)
+    # faster-whisper's defaults: beam search, then sampling at rising temperatures.
     assert model.calls[0][1] == dict(
-        language=None, task="transcribe", beam_size=1, temperature=0.0,
-        initial_prompt=None, without_timestamps=False,
+        language=None, task="transcribe", beam_size=5, temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        initial_prompt=None, without_timestamps=False, best_of=5, patience=1.0, length_penalty=1.0,
+        condition_on_previous_text=True,
     )
     assert sorted(p.name for p in tmp_path.glob("a.*")) == ["a.json", "a.srt", "a.tsv", "a.txt", "a.vtt"]
 
@@ -210,6 +222,17 @@ def test_directory_as_input(no_model, tmp_path, capsys):
     (["--beam-size", "two"], "--beam-size"),
     (["--temperature", "-0.5"], "--temperature"),
     (["--temperature", "nan"], "--temperature"),
+    (["--temperature", ""], "--temperature"),
+    (["--temperature", "0,,1"], "--temperature"),
+    (["--temperature", "0,-1"], "--temperature"),
+    (["--best-of", "0"], "--best-of"),
+    (["--patience", "0"], "--patience"),
+    (["--patience", "0.05"], "--patience"),
+    (["--length-penalty", "inf"], "--length-penalty"),
+    (["--seed", "-1"], "--seed"),
+    (["--clip-timestamps", "a,b"], "--clip-timestamps"),
+    (["--clip-timestamps", "5,2"], "--clip-timestamps"),
+    (["--clip-timestamps", "-1"], "--clip-timestamps"),
     (["--output-format", "xml"], "xml"),
     (["--task", "bogus"], "bogus"),
     (["--device", "gpu"], "--device"),
@@ -287,3 +310,50 @@ def test_python_dash_m_help():
     assert proc.returncode == 0, proc.stderr
     assert "usage: ostinato" in proc.stdout
     assert "transcribe" in proc.stdout
+
+
+# --- word timestamps and word-level subtitle options ----------------------------------------------
+
+def test_word_options_reach_model_and_writers(fake_model, audio, tmp_path, monkeypatch):
+    from ostinato.models.whisper.types import Word
+
+    words = [Word(0.0, 0.5, " Hello", 0.9), Word(0.5, 1.0, " there,", 0.9), Word(1.2, 2.0, " general", 0.8),
+             Word(2.0, 3.0, " Kenobi.", 0.7)]
+    timed = [Segment(id=1, seek=0, start=0.0, end=3.0, text=" Hello there, general Kenobi.", tokens=[1],
+                     avg_logprob=-0.2, compression_ratio=1.1, no_speech_prob=0.01, words=words)] * 2
+    monkeypatch.setattr(sys.modules[__name__], "SEGMENTS", timed)
+    rc = cli.main(["transcribe", audio("a.wav"), "-o", str(tmp_path), "-f", "srt", "-q", "--word-timestamps",
+                   "--hallucination-silence-threshold", "0.5", "--max-line-width", "14", "--max-line-count", "1",
+                   "--highlight-words"])
+    assert rc == 0
+    options = fake_model.created[0].calls[0][1]
+    assert options["word_timestamps"] is True and options["hallucination_silence_threshold"] == 0.5
+    from ostinato.writers import SubtitleOptions, get_writer
+
+    expected = io.StringIO()
+    get_writer("srt").write(timed, None, expected, SubtitleOptions(
+        highlight_words=True, max_line_width=14, max_line_count=1))
+    srt = (tmp_path / "a.srt").read_text(encoding="utf-8")
+    assert srt == expected.getvalue()
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:00,500\n<u>Hello</u> there,\n\n")
+
+
+def test_no_word_options_without_the_flag(fake_model, audio, tmp_path):
+    assert cli.main(["transcribe", audio("a.wav"), "-o", str(tmp_path), "-q"]) == 0
+    assert "word_timestamps" not in fake_model.created[0].calls[0][1]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--highlight-words"], "--word-timestamps"),
+    (["--max-line-width", "40"], "--word-timestamps"),
+    (["--max-line-count", "2"], "--word-timestamps"),
+    (["--max-words-per-line", "3"], "--word-timestamps"),
+    (["--hallucination-silence-threshold", "1"], "--word-timestamps"),
+    (["--word-timestamps", "--max-line-width", "0"], "--max-line-width"),
+    (["--word-timestamps", "--max-words-per-line", "-2"], "--max-words-per-line"),
+    (["--word-timestamps", "--hallucination-silence-threshold", "-1"], "--hallucination-silence-threshold"),
+    (["--word-timestamps", "--model", "x.nemo"], "Whisper"),
+])
+def test_bad_word_options_exit_2_before_loading(no_model, audio, capsys, args, fragment):
+    assert cli.main(["transcribe", audio("a.wav"), *args]) == 2
+    assert_one_error_line(capsys.readouterr().err, fragment)

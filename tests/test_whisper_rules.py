@@ -1,5 +1,4 @@
 """Whisper's next-token rules on a toy vocabulary, checked against hand-worked cases."""
-import math
 
 import torch
 
@@ -75,18 +74,39 @@ def test_closed_pair_forbids_timestamps():
     assert got == [[0, 1, 2, 3, 4, 5, 6]]
 
 
-def test_timestamps_never_decrease_and_mass_forces_a_timestamp():
-    # After text, with the last timestamp at 10: timestamps 8 and 9 are gone.
+def test_timestamps_increase_and_mass_forces_a_timestamp():
+    # After text, with the last timestamp at 10: the next one must be later, so 8, 9 and 10 are
+    # gone (CTranslate2 4.x; only a pair's closing timestamp may repeat the opening one).
     logits = torch.zeros(1, 12)
     logits[0, :5] = 1.0
-    logits[0, 10:] = 0.9
-    # log-sum-exp over {10, 11} is 0.9 + ln 2 = 1.593 > 1.0 = the best text logit: force a timestamp.
-    assert 0.9 + math.log(2) > 1.0
+    logits[0, 11] = 1.2  # the one allowed timestamp outweighs the best text token: force it
     got = allowed(logits, n_generated=t(5), last_token=t(3), penultimate_token=t(2), last_timestamp=t(10))
-    assert got == [[10, 11]]
-    logits[0, 10:] = 0.2  # 0.2 + ln 2 = 0.893 < 1.0: text stays allowed
+    assert got == [[11]]
+    logits[0, 11] = 0.9  # 0.9 < 1.0: text stays allowed
     got = allowed(logits, n_generated=t(5), last_token=t(3), penultimate_token=t(2), last_timestamp=t(10))
-    assert got == [[0, 1, 2, 3, 4, 5, 6, 10, 11]]
+    assert got == [[0, 1, 2, 3, 4, 5, 6, 11]]
+
+
+def test_after_a_forced_prefix():
+    # sample_begin = 2: steps before it only see the suppression masks; the first free step has
+    # the begin-suppression but no first-timestamp rule; pair rules count from sample_begin.
+    logits = torch.zeros(1, 12)
+    begin = torch.zeros(12, dtype=torch.bool)
+    begin[5] = True
+    got = allowed(logits, suppress_at_begin=begin, n_generated=t(1), sample_begin=t(2), last_token=t(8))
+    assert got == [[0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]]
+    got = allowed(logits, suppress_at_begin=begin, n_generated=t(2), sample_begin=t(2), last_token=t(3),
+                  penultimate_token=t(8))
+    assert got == [[0, 1, 2, 3, 4, 6, 8, 9, 10, 11]]
+    # One free timestamp after the prefix counts as a whole pair (the forced token before it is
+    # not looked at), so text must follow; one free timestamp after text opens a pair.
+    logits[0, 5] = 5.0
+    got = allowed(logits, n_generated=t(3), sample_begin=t(2), last_token=t(9), penultimate_token=t(3),
+                  last_timestamp=t(9))
+    assert got == [[0, 1, 2, 3, 4, 5, 6]]
+    got = allowed(logits, n_generated=t(4), sample_begin=t(2), last_token=t(9), penultimate_token=t(3),
+                  last_timestamp=t(9))
+    assert got == [[5, 6, 9, 10, 11]]
 
 
 def test_rows_are_independent():

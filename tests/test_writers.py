@@ -197,3 +197,79 @@ def test_formats_for():
     assert writers.FORMATS == ("txt", "vtt", "srt", "tsv", "json")
     assert writers.formats_for("all") == writers.FORMATS
     assert writers.formats_for("vtt") == ("vtt",)
+
+
+# --- goldens from openai-whisper's own writers --------------------------------------------------
+# tests/data/writers holds the files openai-whisper's whisper/utils.py writers produce for the
+# transcripts in cases.json (dev/make_writer_goldens.py); ostinato must write the same bytes.
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "data" / "writers"
+
+
+def _golden_spec():
+    import json
+
+    return json.loads((GOLDEN_DIR / "cases.json").read_text(encoding="utf-8"))
+
+
+def _golden_segments(case):
+    segments = []
+    for s in _golden_spec()["cases"][case]:
+        words = None
+        if "words" in s:
+            words = [Word(w["start"], w["end"], w["word"], w["probability"]) for w in s["words"]]
+        segments.append(Segment(
+            id=s["id"], seek=s["seek"], start=s["start"], end=s["end"], text=s["text"], tokens=s["tokens"],
+            avg_logprob=s["avg_logprob"], compression_ratio=s["compression_ratio"],
+            no_speech_prob=s["no_speech_prob"], words=words, temperature=s["temperature"],
+        ))
+    return segments
+
+
+def _golden_params():
+    spec = _golden_spec()
+    for case in spec["cases"]:
+        for ext in ("txt", "tsv", "json"):
+            yield pytest.param(case, ext, None, id=f"{case}.{ext}")
+        for name in spec["subtitle_options"]:
+            for ext in ("vtt", "srt"):
+                if (GOLDEN_DIR / f"{case}.{name}.{ext}").exists():
+                    yield pytest.param(case, ext, name, id=f"{case}.{name}.{ext}")
+
+
+@pytest.mark.parametrize("case, ext, option_set", list(_golden_params()))
+def test_matches_openai_whisper_golden(case, ext, option_set):
+    segments = _golden_segments(case)
+    if option_set is None:
+        golden, options = GOLDEN_DIR / f"{case}.{ext}", None
+    else:
+        golden = GOLDEN_DIR / f"{case}.{option_set}.{ext}"
+        options = writers.SubtitleOptions(**_golden_spec()["subtitle_options"][option_set])
+    out = io.StringIO()
+    writers.get_writer(ext).write(segments, INFO, out, options)
+    assert out.getvalue().encode("utf-8") == golden.read_bytes()
+
+
+def test_golden_set_is_meaningful():
+    spec = _golden_spec()
+    assert {"segments", "words", "empty"} <= set(spec["cases"])
+    assert len(list(GOLDEN_DIR.glob("*.srt"))) >= 15
+    # word options change the output, so the goldens really test them ("count2": a line count
+    # without a line width does nothing in openai-whisper, which warns about it)
+    default = (GOLDEN_DIR / "words.default.srt").read_bytes()
+    for name in spec["subtitle_options"]:
+        if name not in ("default", "count2"):
+            assert (GOLDEN_DIR / f"words.{name}.srt").read_bytes() != default, name
+
+
+def test_write_result_passes_subtitle_options(tmp_path):
+    segments = _golden_segments("words")
+    options = writers.SubtitleOptions(max_line_width=20, max_line_count=2)
+    paths = writers.write_result(segments, INFO, "srt", tmp_path / "talk", options)
+    assert paths[0].read_bytes() == (GOLDEN_DIR / "words.width20_count2.srt").read_bytes()
+
+
+@pytest.mark.parametrize("bad", [{"max_line_width": -1}, {"max_line_count": 1.5}, {"max_words_per_line": "3"}])
+def test_subtitle_options_rejected(bad, tmp_path):
+    with pytest.raises(InvalidOptionError):
+        writers.write_result(SEGMENTS, INFO, "srt", tmp_path / "x", writers.SubtitleOptions(**bad))

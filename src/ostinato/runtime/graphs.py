@@ -13,13 +13,19 @@ values, no allocation that must outlive a replay). This module decides how it ru
 
 If capture fails (out of memory, an op that cannot be captured) the bucket falls back to eager
 execution with one warning; results stay correct.
+
+A step that draws random numbers from its own ``torch.Generator`` names it in ``generators``: each
+capture registers it with the graph (``CUDAGraph.register_generator_state``, where the installed
+PyTorch has it; without it such steps run eagerly), so every replay draws fresh numbers from the
+generator's current seed and offset, and reseeding between replays works as it does eagerly. The
+warm-up and capture runs leave the generators' states as they found them.
 """
 from __future__ import annotations
 
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Optional
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence
 
 import torch
 
@@ -37,6 +43,11 @@ def _indexed(device: torch.device) -> torch.device:
 
 def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
+
+
+def generator_registration_supported() -> bool:
+    """Whether captured graphs can use a caller-owned random generator (PyTorch >= 2.4 or so)."""
+    return hasattr(getattr(torch.cuda, "CUDAGraph", None), "register_generator_state")
 
 
 @dataclass
@@ -62,8 +73,10 @@ class StepGraph:
         warmup: int = 3,
         pool: Optional[Any] = None,
         name: str = "step",
+        generators: Sequence[torch.Generator] = (),
     ):
         self.step = step
+        self.generators = tuple(generators)
         self.device = _indexed(torch.device(device))
         self.use_graphs = bool(use_graphs) and graphs_supported(self.device)
         self.warmup = warmup
@@ -101,9 +114,21 @@ class StepGraph:
         for name, t in static.items():
             if t.device != self.device:
                 raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
+        if self.generators and not generator_registration_supported():
+            self._eager_buckets.add(key)
+            warnings.warn(
+                f"ostinato: this PyTorch cannot capture {self.name} with its own random generator "
+                f"(no CUDAGraph.register_generator_state); running bucket {key!r} eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        saved = [g.get_state() for g in self.generators]
         try:
             self._warm_up(key, static)
             graph = torch.cuda.CUDAGraph()
+            for generator in self.generators:
+                graph.register_generator_state(generator)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._pool):
@@ -111,6 +136,11 @@ class StepGraph:
             torch.cuda.synchronize(self.device)
         except Exception as exc:  # capture failure: fall back to eager for this bucket, once
             _recover_from_failed_capture(self.device)
+            for generator, state in zip(self.generators, saved):
+                try:
+                    generator.set_state(state)
+                except RuntimeError:
+                    pass
             self._eager_buckets.add(key)
             warnings.warn(
                 f"ostinato: CUDA graph capture of {self.name} for bucket {key!r} failed "
@@ -119,6 +149,8 @@ class StepGraph:
                 stacklevel=2,
             )
             return
+        for generator, state in zip(self.generators, saved):
+            generator.set_state(state)  # warm-up and capture drew numbers: undo that
         self._captured[key] = _Captured(graph, static, outputs)
         log.debug("captured %s for bucket %r", self.name, key)
 

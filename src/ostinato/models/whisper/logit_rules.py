@@ -4,12 +4,15 @@ All per-row state (tokens generated so far, last two tokens, last timestamp) arr
 tensors, and every rule is a mask built with comparisons, so one captured graph serves every row
 and every step. The rules follow Whisper's decoding as faster-whisper (CTranslate2) applies it:
 suppressed ids; blank and end-of-text suppressed at the first sampled step; timestamps in pairs,
-never decreasing, the first one no later than ``max_initial_timestamp``; and a timestamp forced
-when the timestamp tokens together are likelier than any single text token.
+a pair closed by the same or a later timestamp and the next one opened strictly later, the first
+one no later than ``max_initial_timestamp``; and a timestamp forced when the timestamp tokens
+together are likelier than any single text token. After a forced prefix (``sample_begin`` > 0)
+the first free step has no timestamp rule, as in CTranslate2 4.x.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -34,37 +37,50 @@ def apply_logit_rules(
     last_token: Tensor,
     penultimate_token: Tensor,
     last_timestamp: Tensor,
+    sample_begin: Optional[Tensor] = None,
+    banned: Optional[Tensor] = None,
 ) -> Tensor:
     """Mask ``logits`` [B, V] (float32) with -inf where a token is not allowed; returns a new tensor.
 
     suppress, suppress_at_begin: [V] bool. timestamps: [B] bool (rules on for that row).
     max_initial_timestamp: [B] int (index of the latest allowed first timestamp).
     n_generated, last_token, penultimate_token, last_timestamp: [B] int64; last_timestamp is -1
-    while a row has produced no timestamp.
+    while a row has produced no timestamp (at or after ``sample_begin``).
+    sample_begin: [B] int64, the step of the first freely chosen token (the length of a forced
+    prefix, as CTranslate2 counts it; 0 when None). Before it only the suppression masks apply.
+    banned: optional [B, V] bool of further tokens to disable (e.g. repeated n-grams).
     """
     ids = torch.arange(logits.shape[-1], device=logits.device)
     is_timestamp_id = ids >= layout.timestamp_begin
-    first = (n_generated == 0)[:, None]
-    later = ~first
+    if sample_begin is None:
+        sample_begin = torch.zeros_like(n_generated)
+    first = (n_generated == sample_begin)[:, None]
+    later = (n_generated > sample_begin)[:, None]
+    # The first-timestamp rule applies only when nothing was forced before it.
+    initial = first & (n_generated == 0)[:, None]
     ts_rows = timestamps[:, None]
 
     mask = suppress[None, :] | (first & suppress_at_begin[None, :])
+    if banned is not None:
+        mask = mask | banned
 
     # Timestamp rules (rows with timestamps on).
     last_is_ts = (last_token >= layout.timestamp_begin)[:, None]
     # Right after the first sampled token, the "penultimate" token is that same token.
-    penultimate = torch.where(n_generated == 1, last_token, penultimate_token)
+    penultimate = torch.where(n_generated - 1 == sample_begin, last_token, penultimate_token)
     penultimate_is_ts = (penultimate >= layout.timestamp_begin)[:, None]
     pair_closed = later & last_is_ts & penultimate_is_ts  # two timestamps in a row: text must follow
     pair_open = later & last_is_ts & ~penultimate_is_ts  # one timestamp: another or end-of-text
+    after_text = later & ~last_is_ts
     initial_limit = (layout.timestamp_begin + max_initial_timestamp)[:, None]
     ts_mask = (
         (ids == layout.no_timestamps)[None, :]
-        | (first & ((ids < layout.timestamp_begin)[None, :] | (ids[None, :] > initial_limit)))
+        | (initial & ((ids < layout.timestamp_begin)[None, :] | (ids[None, :] > initial_limit)))
         | (pair_closed & is_timestamp_id[None, :])
-        | (pair_open & (ids < layout.eot)[None, :])
-        # Timestamps never decrease.
-        | (later & is_timestamp_id[None, :] & (ids[None, :] < last_timestamp[:, None]))
+        # A pair closes at the opening timestamp or later...
+        | (pair_open & ((ids < layout.eot)[None, :] | (is_timestamp_id[None, :] & (ids[None, :] < last_timestamp[:, None]))))
+        # ...and after text the next timestamp must be strictly later than the last one.
+        | (after_text & is_timestamp_id[None, :] & (ids[None, :] <= last_timestamp[:, None]))
     )
     mask = mask | (ts_rows & ts_mask)
     logits = logits.masked_fill(mask, float("-inf"))
@@ -73,5 +89,5 @@ def apply_logit_rules(
     logprobs = torch.log_softmax(logits, dim=-1)
     timestamp_logprob = torch.logsumexp(logprobs[:, layout.timestamp_begin:], dim=-1)
     max_text_logprob = logprobs[:, : layout.timestamp_begin].max(dim=-1).values
-    force = timestamps & (n_generated > 0) & ~pair_closed[:, 0] & (timestamp_logprob > max_text_logprob)
+    force = timestamps & later[:, 0] & ~pair_closed[:, 0] & (timestamp_logprob > max_text_logprob)
     return logits.masked_fill(force[:, None] & ~is_timestamp_id[None, :], float("-inf"))

@@ -3,22 +3,33 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ...errors import ModelLoadError
 from ...runtime import memory_report, place_module, resolve_device, resolve_dtype, strict_float32
-from .decoding import WindowDecoder, WindowRequest, WindowResult
+from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
 from .modules import Whisper
 from .tokenizer import WhisperTokenizer
-from .transcribe import N_FRAMES, TranscribeOptions, generate_segments, pad_window
+from .transcribe import (
+    DEFAULT_TEMPERATURES, N_FRAMES, TranscribeOptions, frame_peak_amplitudes, generate_segments, pad_window,
+    parse_clip_timestamps,
+)
 from .types import Segment, TranscriptionInfo
+from .word_timestamps import (
+    DEFAULT_APPEND_PUNCTUATIONS,
+    DEFAULT_PREPEND_PUNCTUATIONS,
+    TokenAlignment,
+    align_tokens,
+    default_alignment_heads,
+)
 
 log = logging.getLogger(__name__)
 
 AudioInput = Union[str, Path, bytes, np.ndarray, torch.Tensor]
+DEFAULT_DECODE_ROWS = 5  # decoder rows allocated up front: beam_size=5 / best_of=5 on one window
 
 
 def default_model_path() -> Path:
@@ -68,7 +79,11 @@ class WhisperModel:
         self.tokenizer = WhisperTokenizer(
             checkpoint.tokenizer_file, self.dims.is_multilingual, self.dims.num_languages
         )
-        self.decoder = WindowDecoder(self.model, self.tokenizer, self.device, use_graphs=use_graphs)
+        self.use_graphs = use_graphs
+        # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
+        self.decoder = WindowDecoder(
+            self.model, self.tokenizer, self.device, use_graphs=use_graphs, capacity=DEFAULT_DECODE_ROWS
+        )
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -80,7 +95,7 @@ class WhisperModel:
         return list(self.tokenizer.language_codes) if self.is_multilingual else ["en"]
 
     def memory_report(self):
-        return memory_report(self.model, self.decoder.state.nbytes(), self.device)
+        return memory_report(self.model, self.decoder.nbytes(), self.device)
 
     # -- model work ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -90,9 +105,36 @@ class WhisperModel:
             return self.model.encoder(mel.to(self.device, self.dtype))
 
     @torch.inference_mode()
-    def decode(self, audio_features, requests: List[WindowRequest], suppress, suppress_at_begin) -> List[WindowResult]:
+    def decode(
+        self, audio_features, requests: List[WindowRequest], suppress, suppress_at_begin,
+        options: Optional[SearchOptions] = None,
+    ) -> List[WindowResult]:
+        """Decode windows greedily, by sampling or by beam search (``options``; greedy by default)."""
+        options = options or SearchOptions()
+        rows = len(requests) * (options.beam_size if not options.sampling else max(1, options.num_hypotheses))
+        if rows > self.decoder.max_rows:  # more beams or samples than the state holds: grow it once
+            with torch.inference_mode(False):  # plain tensors, as when the model was built
+                self.decoder = WindowDecoder(
+                    self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, capacity=rows
+                )
         with strict_float32(self.device, self.dtype):
-            return self.decoder.decode(audio_features, requests, suppress, suppress_at_begin)
+            return self.decoder.decode(audio_features, requests, suppress, suppress_at_begin, options)
+
+    def seed(self, seed: Optional[int]) -> None:
+        """Seed the sampling generator used at temperatures above zero (None: a random seed)."""
+        self.decoder.seed(seed)
+
+    @torch.inference_mode()
+    def align(
+        self, audio_features: torch.Tensor, sot_sequence: List[int], text_tokens: List[List[int]], num_frames: int
+    ) -> List[TokenAlignment]:
+        """Token timings for word timestamps: one text sequence per encoded window (see word_timestamps)."""
+        heads = self.alignment_heads or default_alignment_heads(self.dims.n_text_layer, self.dims.n_text_head)
+        with strict_float32(self.device, self.dtype):
+            return align_tokens(
+                self.model.decoder, audio_features, sot_sequence, text_tokens, num_frames, heads,
+                eot=self.tokenizer.eot, no_timestamps=self.tokenizer.no_timestamps,
+            )
 
     @torch.inference_mode()
     def detect_language(self, audio_features: torch.Tensor) -> List[Tuple[str, float]]:
@@ -118,8 +160,8 @@ class WhisperModel:
         audio: AudioInput,
         language: Optional[str] = None,
         task: str = "transcribe",
-        beam_size: int = 1,
-        temperature: Union[float, Sequence[float]] = 0.0,
+        beam_size: int = 5,
+        temperature: Union[float, Sequence[float]] = DEFAULT_TEMPERATURES,
         initial_prompt: Optional[Union[str, Sequence[int]]] = None,
         without_timestamps: bool = False,
         condition_on_previous_text: bool = True,
@@ -131,12 +173,29 @@ class WhisperModel:
         max_initial_timestamp: float = 1.0,
         max_new_tokens: Optional[int] = None,
         prompt_reset_on_temperature: float = 0.5,
+        word_timestamps: bool = False,
+        prepend_punctuations: str = DEFAULT_PREPEND_PUNCTUATIONS,
+        append_punctuations: str = DEFAULT_APPEND_PUNCTUATIONS,
+        hallucination_silence_threshold: Optional[float] = None,
+        best_of: int = 5,
+        patience: float = 1.0,
+        length_penalty: float = 1.0,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        prefix: Optional[str] = None,
+        hotwords: Optional[str] = None,
+        clip_timestamps: Union[str, Sequence[float]] = "0",
+        seed: Optional[int] = 0,
+        on_progress: Optional[Callable[[float], None]] = None,
     ) -> Tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe audio (a path, bytes, or 16-kHz samples): returns (segments generator, info).
 
-        Options and their defaults follow faster-whisper. Bad options raise ``InvalidOptionError``
-        and bad audio ``AudioError`` here, before any model work; segments are produced as the
-        generator is consumed.
+        Options and their defaults follow faster-whisper (beam search with 5 beams, then sampling
+        with best_of=5 at rising temperatures when a window fails its checks). ``seed`` seeds the
+        sampling, so the same seed gives the same output; None draws a fresh seed each call.
+        ``on_progress(seconds)`` is called as windows finish with the audio time decoded so far.
+        Bad options raise ``InvalidOptionError`` and bad audio ``AudioError`` here, before any
+        model work; segments are produced as the generator is consumed.
         """
         from ...audio import load_audio, whisper_input_features
 
@@ -149,8 +208,14 @@ class WhisperModel:
             suppress_tokens=list(suppress_tokens) if suppress_tokens is not None else None,
             max_initial_timestamp=max_initial_timestamp, max_new_tokens=max_new_tokens,
             prompt_reset_on_temperature=prompt_reset_on_temperature,
+            word_timestamps=word_timestamps, prepend_punctuations=prepend_punctuations,
+            append_punctuations=append_punctuations,
+            hallucination_silence_threshold=hallucination_silence_threshold,
+            best_of=best_of, patience=patience, length_penalty=length_penalty,
+            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+            prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps, seed=seed,
         )
-        options.validate()
+        options.validate(self.dims.n_vocab)
         if language is not None:
             language = language.strip().lower()
             if self.is_multilingual:
@@ -166,7 +231,12 @@ class WhisperModel:
         all_language_probs = None
         if language is None:
             if self.is_multilingual:
-                first = self.encode(pad_window(features, 0, min(N_FRAMES, features.shape[-1] - 1))[None])
+                # As faster-whisper: detect on the window at the first clip's start.
+                content_frames = features.shape[-1] - 1
+                points = parse_clip_timestamps(options.clip_timestamps)
+                start = int(points[0] * 100) if points else 0
+                start = start if start < content_frames else 0
+                first = self.encode(pad_window(features, start, min(N_FRAMES, content_frames - start))[None])
                 all_language_probs = self.detect_language(first)
                 language, language_probability = all_language_probs[0]
             else:
@@ -182,5 +252,8 @@ class WhisperModel:
             all_language_probs=all_language_probs,
             transcription_options=options.to_dict(),
         )
-        segments = generate_segments(self, self.tokenizer, features, sot_sequence, options)
+        segments = generate_segments(
+            self, self.tokenizer, features, sot_sequence, options, on_progress,
+            frame_peaks=frame_peak_amplitudes(samples),
+        )
         return segments, info

@@ -8,7 +8,7 @@ eagerly or inside a captured graph. This module knows nothing of graphs or decod
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +88,30 @@ class ResidualAttentionBlock(nn.Module):
         x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v)
         return x + self.mlp(self.mlp_ln(x))
 
+    def decode_full(
+        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, heads: Sequence[int] = ()
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """A whole causal sequence without a cache; also the cross-attention scores of ``heads``.
+
+        The scores are the scaled pre-softmax q.k products [B, len(heads), T, n_audio_ctx]
+        (None when no head is asked for).
+        """
+        h = self.attn_ln(x)
+        q = self.attn.split_heads(self.attn.query(h))
+        k, v = self.attn.project_kv(h)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn.out(self.attn.merge_heads(out))
+        h = self.cross_attn_ln(x)
+        q = self.cross_attn.query(h)
+        scores = None
+        if heads:
+            index = torch.tensor(list(heads), device=x.device)
+            qh = self.cross_attn.split_heads(q).index_select(1, index)
+            scale = qh.shape[-1] ** -0.5
+            scores = (qh * scale) @ cross_k.index_select(1, index).transpose(-1, -2)
+        x = x + self.cross_attn.attend(q, cross_k, cross_v)
+        return x + self.mlp(self.mlp_ln(x)), scores
+
 
 class AudioEncoder(nn.Module):
     def __init__(self, n_mels: int, n_ctx: int, n_state: int, n_head: int, n_layer: int):
@@ -154,6 +178,29 @@ class TextDecoder(nn.Module):
             x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, cross_k[i], cross_v[i])
         x = self.ln(x)
         return (x @ self.token_embedding.weight.T).float()
+
+    def forward_with_cross_scores(
+        self, tokens: Tensor, cross_k: List[Tensor], cross_v: List[Tensor], heads: Sequence[Tuple[int, int]]
+    ) -> Tuple[Tensor, Tensor]:
+        """Run full sequences ``tokens`` [B, T] (positions 0..T-1, no cache) for word alignment.
+
+        Returns float32 logits [B, T, n_vocab] and the pre-softmax cross-attention scores of the
+        (layer, head) pairs in ``heads``, in that order: [B, len(heads), T, n_audio_ctx]. This is
+        a separate path from the cached decode step, which it leaves untouched.
+        """
+        t = tokens.shape[1]
+        x = self.token_embedding(tokens) + self.positional_embedding[:t]
+        per_layer: List[List[int]] = [[] for _ in self.blocks]
+        for layer, head in heads:
+            per_layer[layer].append(head)
+        found = {}
+        for i, block in enumerate(self.blocks):
+            x, scores = block.decode_full(x, cross_k[i], cross_v[i], per_layer[i])
+            for n, head in enumerate(per_layer[i]):
+                found[(i, head)] = scores[:, n]
+        x = self.ln(x)
+        logits = (x @ self.token_embedding.weight.T).float()
+        return logits, torch.stack([found[(layer, head)] for layer, head in heads], dim=1)
 
 
 class Whisper(nn.Module):

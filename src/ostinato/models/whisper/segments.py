@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
 INPUT_STRIDE = 2  # mel frames per encoder frame
@@ -17,6 +17,7 @@ class RawSegment:
     start: float
     end: float
     tokens: List[int]
+    words: Optional[List[dict]] = None  # set by word_timestamps.add_word_timestamps
 
 
 def compression_ratio(text: str) -> float:

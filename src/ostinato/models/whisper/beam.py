@@ -1,0 +1,292 @@
+"""Beam search over a ``WindowDecoder``'s state, every step on the device and graph-safe.
+
+The search is CTranslate2's (what faster-whisper runs), written as tensor ops over W windows of K
+beams each (rows ``w * K + k`` of the decoder's state):
+
+* Each step scores every beam's next tokens (the decoder's logit rules, then log-softmax) plus the
+  beam's running score, and takes the 2K best (beam, token) candidates of each window. At the
+  first step only beam 0 is expanded (all beams are copies of it).
+* Of the first K candidates, those ending in end-of-text (after any forced prefix), or every one
+  at the last allowed step, finish: the hypothesis (end-of-text dropped) is scored
+  ``score / length ** length_penalty`` and kept if it is the window's best so far. A finished
+  candidate's place goes to the next unused candidate of ranks K..2K-1 that is not end-of-text;
+  when there is none, the finished candidate stays in the beam and decoding continues from it.
+* A window stops at its last step, or once it has collected ``round(K * patience)`` finished
+  hypotheses (with ``length_penalty == 0``: once its top beam finished).
+* A forced prefix (prompt tokens after the start-of-transcript sequence) is fed one step at a
+  time with beam 0 holding the prefix at score 0 and the others at -1e10; at the first free step
+  end-of-text among the secondary candidates is replaced by token 0 at -1e10.
+
+The surviving beams' histories move with them: the self-attention caches, generated tokens and
+rule state are reordered by origin with ``index_select`` into the same buffers. Only the cache
+positions written so far are moved: the host knows that bound without asking the device (prompt
+lengths plus steps taken), rounds it up to a bucket and replays that bucket's graph. Finished
+hypotheses live in preallocated per-window buffers (only the best one is kept: a call returns one
+hypothesis per window), and the host reads the windows' done flags every ``check_every`` steps.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Sequence
+
+import torch
+from torch import Tensor
+
+from ...runtime import DeviceState, StepGraph
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
+
+_PREFIX_SECONDARY_SCORE = -1e10  # CTranslate2's score for the beams that do not carry a forced prefix
+CACHE_BUCKETS = (32, 64, 128, 256)  # cache lengths reordered per step (and the full context)
+
+
+def cache_bucket(filled: int, n_ctx: int) -> int:
+    """The smallest bucket that covers ``filled`` cache positions."""
+    for size in CACHE_BUCKETS:
+        if filled <= size < n_ctx:
+            return size
+    return n_ctx
+
+
+class _Prefixed:
+    """The beam search's buffers, kept in the decoder's DeviceState under a name prefix."""
+
+    def __init__(self, state: DeviceState, prefix: str):
+        self._state, self._prefix = state, prefix
+
+    def allocate(self, name, shape, dtype, fill=0) -> Tensor:
+        return self._state.allocate(self._prefix + name, shape, dtype, fill)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._state[self._prefix + name]
+
+    def addresses(self):
+        return {k: v for k, v in self._state.addresses().items() if k.startswith(self._prefix)}
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for k in self._state if k.startswith(self._prefix)
+                   for t in (self._state[k],))
+
+
+class BeamSearch:
+    def __init__(self, decoder: "WindowDecoder"):
+        self.decoder = decoder
+        windows = decoder.max_rows  # at most max_rows // 2 windows with K >= 2; a few bytes each
+        ctx = decoder.model.dims.n_text_ctx
+        i64, f32, b = torch.int64, torch.float32, torch.bool
+        st = _Prefixed(decoder.state, "beam_")
+        st.allocate("best_tokens", (windows, ctx), i64, decoder.tokenizer.eot)
+        st.allocate("best_length", (windows,), i64)
+        st.allocate("best_raw", (windows,), f32)  # the hypothesis' summed log-probability
+        st.allocate("best_key", (windows,), f32)  # its normalised score (-inf mapped to the lowest float)
+        st.allocate("has_best", (windows,), b)
+        st.allocate("finished_count", (windows,), i64)
+        st.allocate("top_finished", (windows,), b)
+        st.allocate("max_candidates", (windows,), i64)
+        st.allocate("early_exit", (windows,), b)
+        st.allocate("has_prefix", (windows,), b)
+        st.allocate("window_done", (windows,), b, True)
+        st.allocate("length_penalty", (1,), f32, 1.0)
+        self.state = st
+        self.graph = StepGraph(
+            self._step, decoder.device, use_graphs=decoder.graph.use_graphs, name="whisper beam step"
+        )
+
+    def reset(self) -> None:
+        st = self.state
+        for name in ("best_length", "finished_count", "max_candidates"):
+            st[name].zero_()
+        for name in ("has_best", "top_finished", "early_exit", "has_prefix"):
+            st[name].zero_()
+        st["window_done"].fill_(True)
+
+    # -- the step ------------------------------------------------------------------------------
+    def _step(self, key) -> None:
+        _, W, K, penalize, ngram, filled = key
+        dec = self.decoder
+        ds, bs = dec.state, self.state
+        R, C = W * K, 2 * K
+        V = dec.model.dims.n_vocab
+        L = ds["out_tokens"].shape[1]
+        eot = dec.tokenizer.eot
+        device = ds["token"].device
+        beam_ids = torch.arange(K, device=device)
+        cand_ids = torch.arange(C, device=device)
+        window_rows = torch.arange(W, device=device)[:, None] * K  # [W, 1]
+
+        logits = dec._run_decoder(R)
+        dec._capture_no_speech(logits, R)
+        logprobs = torch.log_softmax(dec._filter_logits(logits, R, penalize, ngram), dim=-1)
+
+        step = ds["n_generated"][:R].view(W, K)[:, 0]  # every beam of a window is at the same step
+        prefix_length = ds["sample_begin"][:R].view(W, K)[:, 0]
+        scores = ds["sum_logprob"][:R].view(W, K)
+        # Step 0 expands beam 0 only.
+        only_first = (step == 0)[:, None] & (beam_ids > 0)[None, :]
+        scores = torch.where(only_first, torch.full_like(scores, float("-inf")), scores)
+        total = (logprobs.view(W, K, V) + scores[:, :, None]).view(W, K * V)
+        cand_score, flat = total.topk(C, dim=1)
+        cand_beam = torch.div(flat, V, rounding_mode="floor")
+        cand_token = flat - cand_beam * V
+
+        # A forced prefix: every candidate is the prefix token, from beam 0.
+        forced = (step < prefix_length)[:, None]
+        cursor = step.clamp(max=L - 1)[:, None]
+        prefix_token = ds["prefix_tokens"][:R].view(W, K, L)[:, 0].gather(1, cursor)  # [W, 1]
+        secondary = torch.full_like(cand_score, _PREFIX_SECONDARY_SCORE)
+        prefix_score = torch.where(cand_ids[None, :] == 0, torch.zeros_like(cand_score), secondary)
+        cand_token = torch.where(forced, prefix_token.expand(W, C), cand_token)
+        cand_score = torch.where(forced, prefix_score, cand_score)
+        cand_beam = torch.where(forced, torch.zeros_like(cand_beam), cand_beam)
+        # The first free step after a prefix keeps end-of-text out of the secondary candidates.
+        replace = (
+            (bs["has_prefix"][:W] & (step == prefix_length))[:, None]
+            & (cand_ids[None, :] > 0)
+            & (cand_token == eot)
+        )
+        cand_token = torch.where(replace, torch.zeros_like(cand_token), cand_token)
+        cand_score = torch.where(replace, secondary, cand_score)
+        cand_beam = torch.where(replace, torch.zeros_like(cand_beam), cand_beam)
+
+        # Finished hypotheses among the first K candidates.
+        alive = ~bs["window_done"][:W]
+        last_step = step + 1 >= ds["max_new"][:R].view(W, K)[:, 0]
+        top_token = cand_token[:, :K]
+        top_eot = top_token == eot
+        finished = (top_eot & (step >= prefix_length)[:, None]) | last_step[:, None]
+        finished = finished & alive[:, None]
+        # The m-th finished candidate hands its place to the m-th non-end-of-text secondary one.
+        usable = cand_token[:, K:] != eot
+        finished_rank = finished.long().cumsum(1) - 1
+        usable_rank = usable.long().cumsum(1) - 1
+        match = finished[:, :, None] & usable[:, None, :] & (finished_rank[:, :, None] == usable_rank[:, None, :])
+        next_candidate = torch.where(match.any(-1), match.long().argmax(-1) + K, beam_ids[None, :].expand(W, K))
+
+        self._keep_best(W, K, step, finished, top_token, top_eot, cand_score[:, :K], cand_beam[:, :K], window_rows)
+
+        count = bs["finished_count"][:W]
+        count.add_(finished.long().sum(1))
+        top = bs["top_finished"][:W]
+        top.copy_(top | finished[:, 0])
+        enough = torch.where(bs["early_exit"][:W], top & (count >= 1), count >= bs["max_candidates"][:W])
+        stop = alive & (last_step | enough)
+        window_done = bs["window_done"][:W]
+        window_done.copy_(window_done | stop)
+        go_on = alive & ~stop  # [W]
+
+        # The surviving beams: reorder every beam's history by origin, then append the new token.
+        new_beam = cand_beam.gather(1, next_candidate)
+        new_token = cand_token.gather(1, next_candidate).flatten()
+        new_score = cand_score.gather(1, next_candidate).flatten()
+        identity = torch.arange(R, device=device)
+        origin = torch.where(go_on[:, None], window_rows + new_beam, identity.view(W, K)).flatten()
+        for name in ("self_k", "self_v"):
+            cache = ds[name][:, :R, :, :filled]
+            cache.copy_(cache.index_select(1, origin))
+        names = ["out_tokens", "last", "penultimate", "last_timestamp"] + (["seen"] if penalize else [])
+        for name in names:
+            buf = ds[name][:R]
+            buf.copy_(buf.index_select(0, origin))
+        active = go_on[:, None].expand(W, K).flatten()
+        running = ds["sum_logprob"][:R]
+        running.copy_(torch.where(active, new_score, running))
+        dec._append(R, new_token, active, penalize)
+        ds["done"][:R].copy_(~active)
+
+    def _keep_best(
+        self, W: int, K: int, step: Tensor, finished: Tensor, top_token: Tensor, top_eot: Tensor,
+        top_score: Tensor, top_beam: Tensor, window_rows: Tensor,
+    ) -> None:
+        """Score this step's finished hypotheses and keep each window's best one so far."""
+        ds, bs = self.decoder.state, self.state
+        L = ds["out_tokens"].shape[1]
+        length = torch.where(top_eot, step[:, None], step[:, None] + 1)  # end-of-text is not returned
+        normalized = top_score / torch.pow(length.to(torch.float32), bs["length_penalty"])
+        # A finished hypothesis always beats "none"; -inf scores (empty ones) rank just above it.
+        lowest = torch.finfo(torch.float32).min
+        key = torch.where(torch.isnan(normalized) | (normalized == float("-inf")),
+                          torch.full_like(normalized, lowest), normalized)
+        key = torch.where(finished, key, torch.full_like(key, float("-inf")))
+        pick = key.argmax(dim=1, keepdim=True)  # the first of equals: registration order
+        pick_key = key.gather(1, pick)[:, 0]
+        better = finished.any(1) & (~bs["has_best"][:W] | (pick_key > bs["best_key"][:W]))
+
+        origin_row = (window_rows + top_beam.gather(1, pick))[:, 0]
+        tokens = ds["out_tokens"].index_select(0, origin_row)  # [W, L]: the origin beam's history
+        cursor = step.clamp(max=L - 1)[:, None]
+        tokens.scatter_(1, cursor, top_token.gather(1, pick))
+        best = bs["best_tokens"][:W]
+        best.copy_(torch.where(better[:, None], tokens, best))
+        for name, value in (
+            ("best_length", length.gather(1, pick)[:, 0]),
+            ("best_raw", top_score.gather(1, pick)[:, 0]),
+            ("best_key", pick_key),
+        ):
+            buf = bs[name][:W]
+            buf.copy_(torch.where(better, value, buf))
+        has = bs["has_best"][:W]
+        has.copy_(has | better)
+
+    # -- one call ------------------------------------------------------------------------------
+    def decode(
+        self,
+        audio_features: Tensor,
+        requests: Sequence["WindowRequest"],
+        suppress_tokens: Sequence[int],
+        suppress_at_begin: Sequence[int],
+        options: "SearchOptions",
+    ) -> List["WindowResult"]:
+        from .decoding import WindowResult, normalized_score, prompt_length
+
+        dec = self.decoder
+        tok = dec.tokenizer
+        K, n = int(options.beam_size), len(requests)
+        if n * K > dec.max_rows:
+            raise ValueError(f"{n} windows x beam size {K} need {n * K} rows; the decoder holds {dec.max_rows}")
+        if options.max_candidates < 1:
+            raise ValueError("beam_size * patience must round to at least 1")
+        penalize = options.repetition_penalty != 1.0
+        ngram = int(options.no_repeat_ngram_size)
+        n_ctx = dec.model.dims.n_text_ctx
+        # Step s writes cache position start + s of each row: its bound picks the step's graph.
+        start = max(prompt_length(r.prompt, tok.sot, tok.no_timestamps) - 1 for r in requests)
+        max_steps = max(req.max_new_tokens for req in requests)
+
+        def key(step: int):
+            return ("beam", n, K, penalize, ngram, cache_bucket(start + step + 1, n_ctx))
+
+        for k in sorted({key(step) for step in range(max_steps)}, key=lambda k: -k[-1]):
+            dec._capture(self.graph, k)  # every graph this call may need, before the state is loaded
+        dec.load(audio_features, requests, K, suppress_tokens, suppress_at_begin, options)
+
+        bs = self.state
+        self.reset()
+        bs["window_done"][:n].fill_(False)
+        bs["max_candidates"][:n].fill_(options.max_candidates)
+        bs["early_exit"][:n].fill_(options.length_penalty == 0)
+        bs["best_key"][:n].fill_(float("-inf"))
+        # As CTranslate2, a prefix anywhere in the batch switches the prefix handling on for all.
+        any_prefix = any(len(r.prompt) > prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests)
+        bs["has_prefix"][:n].fill_(any_prefix)
+        bs["length_penalty"].fill_(options.length_penalty)
+
+        done = bs["window_done"][:n]
+        for step in range(max_steps):
+            self.graph(key(step))
+            if (step + 1) % dec.check_every == 0 and bool(done.all()):
+                break
+
+        tokens = bs["best_tokens"][:n].tolist()
+        lengths = bs["best_length"][:n].tolist()
+        raw = bs["best_raw"][:n].tolist()
+        has = bs["has_best"][:n].tolist()
+        no_speech = dec.state["no_speech"][: n * K : K].tolist()
+        results = []
+        for w in range(n):
+            if not has[w]:  # cannot happen: the last step finishes every beam
+                results.append(WindowResult([], 0.0, no_speech[w], float("nan")))
+                continue
+            hyp = tokens[w][: lengths[w]]
+            score = normalized_score(raw[w], len(hyp), options.length_penalty)
+            results.append(WindowResult(hyp, raw[w], no_speech[w], score))
+        return results
