@@ -255,3 +255,22 @@ def test_tokenizer_json_beside_checkpoint_wins(tmp_path, cache_dir):
     shutil.copy(OPENAI_PT, tmp_path / "tiny-random.pt")
     shutil.copy(vocab.whisper_tokenizer_file(51864), tmp_path / "tokenizer.json")
     assert load_checkpoint(str(tmp_path / "tiny-random.pt")).tokenizer_file == tmp_path / "tokenizer.json"
+
+
+# --- task and language tokens in the decoder prompt ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n_vocab, language, task, expected",
+    [
+        # openai-whisper's ids: <|startoftranscript|> 50258, languages from 50259 in its order
+        # (en, zh, de, ...), then <|translate|> and <|transcribe|> right after the last language.
+        (51865, "de", "translate", [50258, 50261, 50358]),
+        (51865, "en", "transcribe", [50258, 50259, 50359]),
+        (51866, "de", "translate", [50258, 50261, 50359]),  # 100 languages: one more before the tasks
+        (51864, None, "translate", [50257]),  # English-only models have no language or task token
+    ],
+)
+def test_sot_sequence_carries_language_and_task(n_vocab, language, task, expected):
+    tok = WhisperTokenizer(vocab.whisper_tokenizer_file(n_vocab), n_vocab >= 51865, n_vocab - 51765 - (n_vocab >= 51865))
+    assert tok.sot_sequence(language, task) == expected

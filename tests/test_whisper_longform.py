@@ -16,6 +16,8 @@ CASES = (
     ("greedy_longform", "c17_cut_two_windows.flac"),
     ("greedy_longform", "c19_long_noisy_f4.flac"),
     ("default", "c17_cut_two_windows.flac"),  # beam search and conditioning across windows
+    ("default", "c18_long_lecture.flac"),  # faster-whisper's defaults on the two clips over 60 s
+    ("default", "c19_long_noisy_f4.flac"),
     ("no_condition_longform", "c18_long_lecture.flac"),
     ("clip_timestamps_greedy", "c18_long_lecture.flac"),  # two clips, the last open-ended
     ("prefix_greedy_longform", "c18_long_lecture.flac"),  # the prefix applies to the first window only
