@@ -393,3 +393,38 @@ def test_state_buffers_keep_their_addresses(model):
     # ...and keeps its own where they are on the next call.
     tokens_of(model.transcribe(np.zeros(16000 * 2, np.float32), **beam)[0])
     assert state.addresses() == after_beam
+
+
+def test_language_detection_on_a_multilingual_model(tmp_path):
+    """language=None on a multilingual model: the language token most likely after
+    <|startoftranscript|> on the first window, checked against the float64 naive decoder."""
+    checkpoint = torch.load(OPENAI_PT, map_location="cpu", weights_only=True)
+    sd = checkpoint["model_state_dict"]
+    emb = sd["decoder.token_embedding.weight"]
+    sd["decoder.token_embedding.weight"] = torch.cat([emb, emb[:1]])  # 51865: 99 languages
+    checkpoint["dims"] = dict(checkpoint["dims"], n_vocab=51865)
+    torch.save(checkpoint, tmp_path / "multi.pt")
+    model = load(tmp_path / "multi.pt")  # Whisper's own multilingual vocabulary
+    audio = (0.1 * np.random.default_rng(5).standard_normal(16000 * 4)).astype(np.float32)
+
+    audio_features = model.encode(_first_window(model, audio))
+    pairs = model.detect_language(audio_features)
+    logits = naive_logits(model.model, [model.tokenizer.sot], audio_features[0])[0]
+    ids = torch.tensor(model.tokenizer.language_token_ids)
+    probs = torch.softmax(logits[ids], dim=-1)
+    best = int(probs.argmax())
+    assert pairs[0][0] == model.tokenizer.language_codes[best]
+    assert pairs[0][1] == pytest.approx(float(probs[best]), abs=1e-5)
+    assert len(pairs) == 99 and sum(p for _, p in pairs) == pytest.approx(1.0, abs=1e-5)
+
+    _, info = model.transcribe(audio, beam_size=1, temperature=0.0, max_new_tokens=4)
+    assert info.language == pairs[0][0]
+    assert info.language_probability == pytest.approx(pairs[0][1], abs=1e-6)
+
+
+def _first_window(model, audio):
+    from ostinato.audio import whisper_input_features
+    from ostinato.models.whisper.transcribe import N_FRAMES, pad_window
+
+    features = whisper_input_features(audio, model.dims.n_mels)
+    return pad_window(features, 0, min(N_FRAMES, features.shape[-1] - 1))[None]

@@ -145,10 +145,12 @@ class WhisperModel:
         cache_shape = (1, dims.n_text_head, dims.n_text_ctx, head_dim)
         self_k = [torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in range(dims.n_text_layer)]
         self_v = [torch.zeros_like(t) for t in self_k]
-        cross = decoder.cross_kv(audio_features[:1])
+        with strict_float32(self.device, self.dtype):
+            cross = decoder.cross_kv(audio_features[:1])
         tokens = torch.tensor([[self.tokenizer.sot]], device=self.device)
         positions = torch.zeros_like(tokens)
-        logits = decoder(tokens, positions, self_k, self_v, [k for k, _ in cross], [v for _, v in cross])[0, 0]
+        with strict_float32(self.device, self.dtype):
+            logits = decoder(tokens, positions, self_k, self_v, [k for k, _ in cross], [v for _, v in cross])[0, 0]
         ids = torch.tensor(self.tokenizer.language_token_ids, device=self.device)
         probs = torch.softmax(logits[ids], dim=-1).tolist()
         pairs = sorted(zip(self.tokenizer.language_codes, probs), key=lambda p: p[1], reverse=True)
