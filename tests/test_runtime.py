@@ -109,3 +109,16 @@ def test_weights_single_copy_and_report():
     untied = _Tied()
     untied.proj.weight = nn.Parameter(untied.embed.weight.detach().clone())
     assert duplicated_parameters(untied) == {"proj.weight": "embed.weight"}
+
+
+def test_step_graph_runs_k_steps_per_call_and_names_its_rung():
+    from ostinato.runtime import loop_rung
+
+    calls = []
+    graph = StepGraph(lambda key, x: calls.append(key) or x + len(calls), "cpu", steps_per_replay=3)
+    out = graph(2, x=torch.zeros(1))
+    assert calls == [2, 2, 2] and out.item() == 3.0  # the last step's output
+    with pytest.raises(ValueError):
+        StepGraph(lambda key: None, "cpu", steps_per_replay=0)
+    assert loop_rung(torch.device("cpu"), True, 8).startswith("eager (no CUDA graphs on cpu")
+    assert loop_rung(torch.device("cuda"), False, 8) == "eager (graphs disabled)"

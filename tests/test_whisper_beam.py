@@ -286,3 +286,22 @@ def test_options_are_recorded(model):
     assert (opts["beam_size"], opts["patience"], opts["best_of"], opts["seed"]) == (3, 2.0, 4, 9)
     assert (opts["clip_timestamps"], opts["hotwords"], opts["prefix"]) == ("0,0.05", "a", "b")
     assert tuple(opts["temperature"]) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def test_sampling_noise_is_uniform_strictly_inside_the_unit_interval(model):
+    # The counter-based noise: every value in (0, 1) (an exact 1.0 would make the Gumbel noise
+    # infinite and pick a token regardless of its probability), about uniform, and a row's numbers
+    # depend on its own seed and step only.
+    dec = model.decoder
+    st = dec.state
+    st["rng_key"][:2] = torch.tensor([12345, 999])
+    st["n_generated"][:2] = torch.tensor([3, 3])
+    u = dec._uniform_noise(2)
+    assert bool(((u > 0) & (u < 1)).all())
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    top = ((torch.tensor([(1 << 23) - 1]).to(torch.float32) + 0.5) * (1.0 / (1 << 23))).item()
+    assert top < 1.0  # the largest value the hash can give
+    st["rng_key"][1] = 12345
+    assert torch.equal(dec._uniform_noise(2)[1], u[0])  # same seed and step: same numbers
+    st["n_generated"][1] = 4
+    assert not torch.equal(dec._uniform_noise(2)[1], u[0])

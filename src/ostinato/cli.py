@@ -90,6 +90,9 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--initial-prompt", default=None, metavar="TEXT", help="text to condition the first window on")
     t.add_argument("--without-timestamps", action="store_true", help="decode without timestamp tokens")
     t.add_argument("--no-graphs", action="store_true", help="do not capture or replay CUDA graphs")
+    t.add_argument("--batch-size", type=int, default=1, metavar="N",
+                   help="decode up to N windows of the given files together (Whisper models; the output "
+                        "is the same as one file at a time; default: 1)")
     words = t.add_argument_group("word timestamps")
     words.add_argument("--word-timestamps", action="store_true",
                        help="time every word (cross-attention alignment), as faster-whisper does")
@@ -118,6 +121,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise _UsageError(f"--beam-size must be at least 1, got {args.beam_size}")
     if args.best_of < 1:
         raise _UsageError(f"--best-of must be at least 1, got {args.best_of}")
+    if args.batch_size < 1:
+        raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     if not (math.isfinite(args.patience) and args.patience > 0):
         raise _UsageError(f"--patience must be a number > 0, got {args.patience}")
     if math.floor(args.beam_size * args.patience + 0.5) < 1:
@@ -205,22 +210,25 @@ class _Progress:
                 bar.update(done - bar.n)
 
 
+def _whisper_options(args: argparse.Namespace) -> dict:
+    return dict(
+        language=args.language,
+        task=args.task,
+        initial_prompt=args.initial_prompt,
+        without_timestamps=args.without_timestamps,
+        **_decoding_options(args),
+        **_word_options(args),
+    )
+
+
 def _transcribe_one(model, path: str, args: argparse.Namespace, show_progress: bool) -> None:
     progress = _Progress()
     if hasattr(model, "transcribe_segments"):  # transducer: segments from token times
         segments, info = model.transcribe_segments(path)
     else:
         segments, info = model.transcribe(
-            path,
-            language=args.language,
-            task=args.task,
-            initial_prompt=args.initial_prompt,
-            without_timestamps=args.without_timestamps,
-            **_decoding_options(args),
-            **_word_options(args),
-            **({"on_progress": progress.advance} if show_progress else {}),
+            path, **_whisper_options(args), **({"on_progress": progress.advance} if show_progress else {})
         )
-    collected = []
     bar = None
     if show_progress:
         from tqdm import tqdm
@@ -231,30 +239,60 @@ def _transcribe_one(model, path: str, args: argparse.Namespace, show_progress: b
         progress.bar = bar
     try:
         # Segments come from a generator: decoding happens while we iterate, so errors do too.
-        for segment in segments:
-            collected.append(segment)
-            if not args.quiet:
-                line = (f"[{format_timestamp(segment.start)} --> {format_timestamp(segment.end)}] "
-                        f"{segment.text.strip()}")
-                if bar is not None:
-                    bar.write(line, file=sys.stdout)  # keeps the bar from tearing the line
-                else:
-                    print(line, flush=True)
-            if bar is not None:
-                done = min(round(segment.end, 2), bar.total)
-                if done > bar.n:
-                    bar.update(done - bar.n)
+        collected = _print_segments(segments, args, bar)
         if bar is not None and bar.total > bar.n:
             bar.update(bar.total - bar.n)
     finally:
         if bar is not None:
             bar.close()
+    _write(path, collected, info, args)
+
+
+def _print_segments(segments, args: argparse.Namespace, bar=None) -> list:
+    collected = []
+    for segment in segments:
+        collected.append(segment)
+        if not args.quiet:
+            line = f"[{format_timestamp(segment.start)} --> {format_timestamp(segment.end)}] {segment.text.strip()}"
+            if bar is not None:
+                bar.write(line, file=sys.stdout)  # keeps the bar from tearing the line
+            else:
+                print(line, flush=True)
+        if bar is not None:
+            done = min(round(segment.end, 2), bar.total)
+            if done > bar.n:
+                bar.update(done - bar.n)
+    return collected
+
+
+def _write(path: str, segments: list, info, args: argparse.Namespace) -> None:
     # Written only after a complete transcription, so a failure leaves no truncated transcript.
     subtitle_options = SubtitleOptions(
         highlight_words=args.highlight_words, max_line_width=args.max_line_width,
         max_line_count=args.max_line_count, max_words_per_line=args.max_words_per_line,
     )
-    write_result(collected, info, args.output_format, Path(args.output_dir) / Path(path).stem, subtitle_options)
+    write_result(segments, info, args.output_format, Path(args.output_dir) / Path(path).stem, subtitle_options)
+
+
+def _transcribe_batch(model, paths: List[str], args: argparse.Namespace) -> bool:
+    """All files through one batched transcription; returns whether any file failed."""
+    failed = False
+    outcomes = model.transcribe_many(paths, batch_size=args.batch_size, **_whisper_options(args))
+    for path, outcome in zip(paths, outcomes):
+        if isinstance(outcome, BaseException):
+            _file_error(path, outcome)
+            failed = True
+            continue
+        segments, info = outcome
+        if len(paths) > 1 and not args.quiet:
+            print(f"== {path}", flush=True)
+        _print_segments(segments, args)
+        try:
+            _write(path, segments, info, args)
+        except OSError as exc:
+            _file_error(path, exc)
+            failed = True
+    return failed
 
 
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # faster-whisper's fallback schedule
@@ -350,6 +388,12 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         _error(str(exc))
         return EXIT_FAILURE
 
+    if args.batch_size > 1 and hasattr(model, "transcribe_many"):
+        try:
+            return EXIT_FAILURE if _transcribe_batch(model, inputs, args) or failed else EXIT_OK
+        except InvalidOptionError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
     show_progress = args.verbose or sys.stderr.isatty()
     for path in inputs:
         try:

@@ -146,3 +146,43 @@ def test_disabled_graphs_run_eagerly_on_cuda():
     graph(4, x=torch.randn(4, 16, device=device))
     graph(4, x=torch.randn(4, 16, device=device))
     assert calls["n"] == 2 and graph.mode(4) == "eager"
+
+
+def test_unrolled_steps_per_replay_and_ladder_step_down():
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device, steps_per_replay=4, warmup=2)
+    x = torch.randn(4, 16, device=device)
+    graph.capture(4, x=x)
+    assert calls["n"] == 2 + 4  # warm-up, then four unrolled copies in one graph
+    acc.zero_()
+    graph(4, x=x)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(acc[:4], 4 * torch.tanh(x @ weight))
+    assert calls["n"] == 6
+
+    # A step that can be captured once but not four times in a row (here: a Python-side limit)
+    # steps down to a one-step graph replayed four times per call, with one warning.
+    state = torch.zeros(4, device=device)
+    in_capture = {"n": 0}
+
+    def fragile(rows, x):
+        if torch.cuda.is_current_stream_capturing():
+            in_capture["n"] += 1
+            if in_capture["n"] > 1:
+                raise RuntimeError("simulated: out of memory in the second unrolled step")
+        else:
+            in_capture["n"] = 0
+        state[:rows].add_(x)
+        return state[:rows]
+
+    graph = StepGraph(fragile, device, steps_per_replay=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph.capture(4, x=torch.ones(4, device=device))
+    assert graph.mode(4) == "graph"
+    assert len([w for w in caught if "one-step graph" in str(w.message)]) == 1
+    state.zero_()
+    graph(4, x=torch.ones(4, device=device))
+    torch.cuda.synchronize()
+    assert state.tolist() == [4.0] * 4

@@ -11,8 +11,11 @@ values, no allocation that must outlive a replay). This module decides how it ru
   ``GraphInputError`` and nothing is replayed. Outputs are the graph's static tensors: the next
   replay overwrites them, so callers consume or copy them before replaying again.
 
-If capture fails (out of memory, an op that cannot be captured) the bucket falls back to eager
-execution with one warning; results stay correct.
+A call runs ``steps_per_replay`` steps (K): a captured graph holds K unrolled copies of the step,
+so the host launches once and may look at a done flag once per K steps. If capture fails (out of
+memory, an op that cannot be captured) the bucket steps down the ladder with one warning: a graph
+of one step replayed K times, else eager execution; results stay correct. ``loop_rung`` names the
+rung a device starts on (a device while-loop is not among them: see its docstring).
 
 A step that draws random numbers from its own ``torch.Generator`` names it in ``generators``: each
 capture registers it with the graph (``CUDAGraph.register_generator_state``, where the installed
@@ -50,11 +53,40 @@ def generator_registration_supported() -> bool:
     return hasattr(getattr(torch.cuda, "CUDAGraph", None), "register_generator_state")
 
 
+def while_loop_supported() -> bool:
+    """Whether this PyTorch can capture a graph into a device while-loop node."""
+    return hasattr(getattr(torch.cuda, "CUDAGraph", None), "begin_capture_to_while_node")
+
+
+def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int) -> str:
+    """The decode-loop rung a device starts on, with the reason the rungs above it are out.
+
+    The ladder: device while-loop -> K unrolled steps per replay (host reads a done flag once per
+    replay) -> one step per replay -> eager. The while-loop rung needs
+    ``CUDAGraph.begin_capture_to_while_node``, which no released PyTorch this runtime supports has
+    (torch 2.11 lacks it), so the top rung in practice is the K-step graph.
+    """
+    device = torch.device(device)
+    if not use_graphs:
+        return "eager (graphs disabled)"
+    if not graphs_supported(device):
+        return f"eager (no CUDA graphs on {device.type})"
+    why = (
+        "this PyTorch has begin_capture_to_while_node, but ostinato's while-loop rung is not built yet"
+        if while_loop_supported()
+        else f"torch {torch.__version__} has no CUDAGraph.begin_capture_to_while_node"
+    )
+    if steps_per_replay > 1:
+        return f"{steps_per_replay} unrolled steps per graph replay (device while-loop: {why})"
+    return f"one step per graph replay (device while-loop: {why})"
+
+
 @dataclass
 class _Captured:
     graph: Any  # torch.cuda.CUDAGraph
     inputs: Dict[str, torch.Tensor]
     outputs: Any
+    repeats: int = 1  # replays per call: K when the K-step capture failed and one step was captured
 
 
 class StepGraph:
@@ -74,8 +106,12 @@ class StepGraph:
         pool: Optional[Any] = None,
         name: str = "step",
         generators: Sequence[torch.Generator] = (),
+        steps_per_replay: int = 1,
     ):
+        if steps_per_replay < 1:
+            raise ValueError("steps_per_replay must be at least 1")
         self.step = step
+        self.steps_per_replay = int(steps_per_replay)
         self.generators = tuple(generators)
         self.device = _indexed(torch.device(device))
         self.use_graphs = bool(use_graphs) and graphs_supported(self.device)
@@ -124,35 +160,58 @@ class StepGraph:
             )
             return
         saved = [g.get_state() for g in self.generators]
-        try:
-            self._warm_up(key, static)
-            graph = torch.cuda.CUDAGraph()
-            for generator in self.generators:
-                graph.register_generator_state(generator)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = self.step(key, **static)
-            torch.cuda.synchronize(self.device)
-        except Exception as exc:  # capture failure: fall back to eager for this bucket, once
-            _recover_from_failed_capture(self.device)
-            for generator, state in zip(self.generators, saved):
-                try:
-                    generator.set_state(state)
-                except RuntimeError:
-                    pass
-            self._eager_buckets.add(key)
-            warnings.warn(
-                f"ostinato: CUDA graph capture of {self.name} for bucket {key!r} failed "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); running it eagerly",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        failure = None
+        # Down the ladder: K unrolled steps, then one step replayed K times, then eager.
+        for unrolled in dict.fromkeys((self.steps_per_replay, 1)):
+            try:
+                graph, outputs = self._capture_steps(key, static, unrolled)
+            except Exception as exc:  # out of memory, an op that cannot be captured, ...
+                _recover_from_failed_capture(self.device)
+                self._restore(saved)
+                failure = failure or exc
+                continue
+            self._restore(saved)  # warm-up and capture drew numbers: undo that
+            self._captured[key] = _Captured(graph, static, outputs, self.steps_per_replay // unrolled)
+            if failure is not None:
+                self._warn(key, failure, f"replaying a one-step graph {self.steps_per_replay} times per call")
+            log.debug("captured %s for bucket %r (%d steps per replay)", self.name, key, unrolled)
             return
+        self._eager_buckets.add(key)
+        self._warn(key, failure, "running it eagerly")
+
+    def _capture_steps(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int):
+        self._warm_up(key, static)
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.generators:
+            graph.register_generator_state(generator)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._run(key, static, unrolled)
+        torch.cuda.synchronize(self.device)
+        return graph, outputs
+
+    def _run(self, key: Hashable, inputs: Dict[str, torch.Tensor], steps: int):
+        outputs = None
+        for _ in range(steps):
+            outputs = self.step(key, **inputs)
+        return outputs
+
+    def _restore(self, saved) -> None:
         for generator, state in zip(self.generators, saved):
-            generator.set_state(state)  # warm-up and capture drew numbers: undo that
-        self._captured[key] = _Captured(graph, static, outputs)
-        log.debug("captured %s for bucket %r", self.name, key)
+            try:
+                generator.set_state(state)
+            except RuntimeError:
+                pass
+
+    def _warn(self, key: Hashable, exc: BaseException, action: str) -> None:
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        warnings.warn(
+            f"ostinato: CUDA graph capture of {self.name} for bucket {key!r} failed "
+            f"({type(exc).__name__}: {detail}); {action}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _warm_up(self, key: Hashable, static: Dict[str, torch.Tensor]) -> None:
         """Run the step on a side stream; a host sync in it raises here, before any capture begins."""
@@ -174,16 +233,18 @@ class StepGraph:
         torch.cuda.synchronize(self.device)
 
     def __call__(self, key: Hashable, **inputs: torch.Tensor):
+        """Run ``steps_per_replay`` steps; returns the last step's outputs."""
         if not self.use_graphs or key in self._eager_buckets:
-            return self.step(key, **inputs)
+            return self._run(key, inputs, self.steps_per_replay)
         entry = self._captured.get(key)
         if entry is None:
             self.capture(key, **inputs)
             entry = self._captured.get(key)
             if entry is None:  # capture fell back to eager
-                return self.step(key, **inputs)
+                return self._run(key, inputs, self.steps_per_replay)
         self._bind(entry, inputs)
-        entry.graph.replay()
+        for _ in range(entry.repeats):
+            entry.graph.replay()
         return entry.outputs
 
     def _bind(self, entry: _Captured, inputs: Dict[str, torch.Tensor]) -> None:

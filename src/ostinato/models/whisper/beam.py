@@ -22,16 +22,18 @@ rule state are reordered by origin with ``index_select`` into the same buffers. 
 positions written so far are moved: the host knows that bound without asking the device (prompt
 lengths plus steps taken), rounds it up to a bucket and replays that bucket's graph. Finished
 hypotheses live in preallocated per-window buffers (only the best one is kept: a call returns one
-hypothesis per window), and the host reads the windows' done flags every ``check_every`` steps.
+hypothesis per window), and the host reads the windows' done flags once per graph replay.
+A ``BeamRun`` admits windows into free beam groups while others are still searching.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, Dict, List, Sequence
 
 import torch
 from torch import Tensor
 
 from ...runtime import DeviceState, StepGraph
+from .decoding import WindowSlots  # decoding imports this module only when a beam search starts
 
 if TYPE_CHECKING:  # pragma: no cover
     from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
@@ -89,7 +91,8 @@ class BeamSearch:
         st.allocate("length_penalty", (1,), f32, 1.0)
         self.state = st
         self.graph = StepGraph(
-            self._step, decoder.device, use_graphs=decoder.graph.use_graphs, name="whisper beam step"
+            self._step, decoder.device, use_graphs=decoder.graph.use_graphs, name="whisper beam step",
+            steps_per_replay=decoder.steps_per_replay,
         )
 
     def reset(self) -> None:
@@ -116,7 +119,7 @@ class BeamSearch:
 
         logits = dec._run_decoder(R)
         dec._capture_no_speech(logits, R)
-        logprobs = torch.log_softmax(dec._filter_logits(logits, R, penalize, ngram), dim=-1)
+        logprobs = dec._logprobs(logits, R, penalize, ngram)
 
         step = ds["n_generated"][:R].view(W, K)[:, 0]  # every beam of a window is at the same step
         prefix_length = ds["sample_begin"][:R].view(W, K)[:, 0]
@@ -227,66 +230,102 @@ class BeamSearch:
         has = bs["has_best"][:W]
         has.copy_(has | better)
 
-    # -- one call ------------------------------------------------------------------------------
-    def decode(
-        self,
-        audio_features: Tensor,
-        requests: Sequence["WindowRequest"],
-        suppress_tokens: Sequence[int],
-        suppress_at_begin: Sequence[int],
-        options: "SearchOptions",
-    ) -> List["WindowResult"]:
-        from .decoding import WindowResult, normalized_score, prompt_length
+    # -- runs ----------------------------------------------------------------------------------
+    def start(self, options: "SearchOptions", suppress_tokens, suppress_at_begin, windows: int) -> "BeamRun":
+        return BeamRun(self, options, suppress_tokens, suppress_at_begin, windows)
 
-        dec = self.decoder
-        tok = dec.tokenizer
-        K, n = int(options.beam_size), len(requests)
-        if n * K > dec.max_rows:
-            raise ValueError(f"{n} windows x beam size {K} need {n * K} rows; the decoder holds {dec.max_rows}")
+
+class BeamRun(WindowSlots):
+    """Beam search over windows admitted into free groups of K rows while other windows search."""
+
+    def __init__(self, search: BeamSearch, options: "SearchOptions", suppress, suppress_at_begin, windows: int):
+        dec = search.decoder
+        self.search, self.decoder, self.options = search, dec, options
+        K = self.K = int(options.beam_size)
+        if windows * K > dec.max_rows:
+            raise ValueError(f"{windows} windows x beam size {K} need {windows * K} rows; the decoder holds {dec.max_rows}")
         if options.max_candidates < 1:
             raise ValueError("beam_size * patience must round to at least 1")
-        penalize = options.repetition_penalty != 1.0
-        ngram = int(options.no_repeat_ngram_size)
-        n_ctx = dec.model.dims.n_text_ctx
-        # Step s writes cache position start + s of each row: its bound picks the step's graph.
-        start = max(prompt_length(r.prompt, tok.sot, tok.no_timestamps) - 1 for r in requests)
-        max_steps = max(req.max_new_tokens for req in requests)
+        self.windows = windows
+        self.penalize = options.repetition_penalty != 1.0
+        self.ngram = int(options.no_repeat_ngram_size)
+        self.n_ctx = dec.model.dims.n_text_ctx
+        # Every cache bucket's graph before any window is loaded: capture runs on a reset state.
+        for filled in sorted({cache_bucket(f, self.n_ctx) for f in CACHE_BUCKETS + (self.n_ctx,)}, reverse=True):
+            dec._capture(search.graph, self._key(filled))
+        dec._reset_rows()
+        search.reset()
+        dec.set_rules(suppress, suppress_at_begin, options)
+        search.state["length_penalty"].fill_(options.length_penalty)
+        super().__init__(windows)  # busy slot -> cache positions its rows may have written (host bound)
 
-        def key(step: int):
-            return ("beam", n, K, penalize, ngram, cache_bucket(start + step + 1, n_ctx))
+    def _key(self, filled: int):
+        return ("beam", self.windows, self.K, self.penalize, self.ngram, cache_bucket(filled, self.n_ctx))
 
-        for k in sorted({key(step) for step in range(max_steps)}, key=lambda k: -k[-1]):
-            dec._capture(self.graph, k)  # every graph this call may need, before the state is loaded
-        dec.load(audio_features, requests, K, suppress_tokens, suppress_at_begin, options)
+    def admit(self, audio_features: Tensor, requests: Sequence["WindowRequest"], batch_prefix: bool = False) -> List[int]:
+        """Load windows into free beam groups; returns their slots.
 
-        bs = self.state
-        self.reset()
-        bs["window_done"][:n].fill_(False)
-        bs["max_candidates"][:n].fill_(options.max_candidates)
-        bs["early_exit"][:n].fill_(options.length_penalty == 0)
-        bs["best_key"][:n].fill_(float("-inf"))
-        # As CTranslate2, a prefix anywhere in the batch switches the prefix handling on for all.
-        any_prefix = any(len(r.prompt) > prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests)
-        bs["has_prefix"][:n].fill_(any_prefix)
-        bs["length_penalty"].fill_(options.length_penalty)
+        ``batch_prefix``: as CTranslate2 does for one batch, a forced prefix in any of these
+        windows switches the prefix handling on for all of them; otherwise each window decides
+        for itself (as when it is decoded alone).
+        """
+        from .decoding import prompt_length
 
-        done = bs["window_done"][:n]
-        for step in range(max_steps):
-            self.graph(key(step))
-            if (step + 1) % dec.check_every == 0 and bool(done.all()):
-                break
+        tok = self.decoder.tokenizer
+        slots = self._take(len(requests))
+        starts = [prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests]
+        self.decoder.admit_rows([slot * self.K for slot in slots], self.K, audio_features, requests)
+        prefixed = [len(r.prompt) > start for r, start in zip(requests, starts)]
+        if batch_prefix:
+            prefixed = [any(prefixed)] * len(requests)
+        bs = self.search.state
+        index = torch.tensor(slots, device=self.decoder.device)
 
-        tokens = bs["best_tokens"][:n].tolist()
-        lengths = bs["best_length"][:n].tolist()
-        raw = bs["best_raw"][:n].tolist()
-        has = bs["has_best"][:n].tolist()
-        no_speech = dec.state["no_speech"][: n * K : K].tolist()
-        results = []
-        for w in range(n):
-            if not has[w]:  # cannot happen: the last step finishes every beam
-                results.append(WindowResult([], 0.0, no_speech[w], float("nan")))
-                continue
-            hyp = tokens[w][: lengths[w]]
-            score = normalized_score(raw[w], len(hyp), options.length_penalty)
-            results.append(WindowResult(hyp, raw[w], no_speech[w], score))
+        def put(name, values):
+            buf = bs[name]
+            buf.index_copy_(0, index, torch.tensor(values, dtype=buf.dtype).to(buf.device))
+
+        n = len(slots)
+        put("window_done", [False] * n)
+        put("max_candidates", [self.options.max_candidates] * n)
+        put("early_exit", [self.options.length_penalty == 0] * n)
+        put("best_key", [float("-inf")] * n)
+        put("has_best", [False] * n)
+        put("finished_count", [0] * n)
+        put("top_finished", [False] * n)
+        put("has_prefix", prefixed)
+        for slot, start in zip(slots, starts):
+            self._busy[slot] = start  # step s writes cache position start - 1 + s
+        return slots
+
+    def advance(self) -> None:
+        K = self.decoder.steps_per_replay
+        filled = max(self._busy.values()) + K  # a bound on the positions written by the end of this replay
+        self.search.graph(self._key(filled))
+        for slot in self._busy:
+            self._busy[slot] += K
+
+    def collect(self) -> Dict[int, "WindowResult"]:
+        from .decoding import WindowResult, normalized_score
+
+        bs = self.search.state
+        done = bs["window_done"][: self.windows].tolist()  # the one host sync per replay
+        finished = [slot for slot in self._busy if done[slot]]
+        if not finished:
+            return {}
+        index = torch.tensor(finished, device=self.decoder.device)
+        tokens = bs["best_tokens"].index_select(0, index).tolist()
+        lengths = bs["best_length"].index_select(0, index).tolist()
+        raw = bs["best_raw"].index_select(0, index).tolist()
+        has = bs["has_best"].index_select(0, index).tolist()
+        no_speech = self.decoder.state["no_speech"].index_select(0, index * self.K).tolist()
+        results = {}
+        for i, slot in enumerate(finished):
+            if not has[i]:  # cannot happen: the last step finishes every beam
+                results[slot] = WindowResult([], 0.0, no_speech[i], float("nan"))
+            else:
+                hyp = tokens[i][: lengths[i]]
+                score = normalized_score(raw[i], len(hyp), self.options.length_penalty)
+                results[slot] = WindowResult(hyp, raw[i], no_speech[i], score)
+            self._release(slot)
         return results

@@ -5,27 +5,37 @@ cross-attention K/V of the current windows, token and rule buffers), all allocat
 largest batch size and written in place. A decode step is a plain function of that state: it
 runs the decoder on each row's current token, applies Whisper's logit rules, picks the next token
 and feeds it back into the state, masking rows that are done. The runtime's ``StepGraph`` runs it
-eagerly (CPU, ``use_graphs=False``) or as a replayed CUDA graph per batch bucket; the host only
-looks at the done flags every ``check_every`` steps.
+eagerly (CPU, ``use_graphs=False``) or as a replayed CUDA graph per batch bucket holding
+``steps_per_replay`` unrolled steps; the host looks at the done flags once per replay.
+
+Windows are decoded in *runs* (``WindowDecoder.start``): a run fixes the search options and the
+row count, captures its graphs, then admits windows into free row groups at any time, so a
+window that finishes early hands its rows to the next one without waiting for the rest
+(``transcribe_batch`` keeps a run full this way). ``decode`` is one run over a list of windows.
 
 The search follows CTranslate2's (what faster-whisper runs): a prompt is split where the
 start-of-transcript sequence ends; the tokens after it are a prefix that is forced, one step at a
 time, and returned with the generated tokens; steps count from the start token. Besides argmax,
 a step can sample (Gumbel-max on the device, from the decoder's own seedable ``torch.Generator``)
 with several independent rows per window (``best_of``), the best chosen by length-normalised
-score. Beam search lives in ``beam.py`` and shares this decoder's state and rules.
+score. Sampling noise is a counter-based hash of (row seed, step, token id): a row's draws depend
+on its own seed only, never on its neighbours in the batch, so a window samples the same tokens
+alone or batched with others. Beam search lives in ``beam.py`` and shares this decoder's state
+and rules.
 """
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ...runtime import DeviceState, StepGraph, bucket_for
+from ...runtime import DeviceState, StepGraph, bucket_for, loop_rung
+from . import rules_kernel
 from .logit_rules import VocabLayout, apply_logit_rules
 from .modules import Whisper
 from .tokenizer import WhisperTokenizer
@@ -37,6 +47,7 @@ class WindowRequest:
     timestamps: bool
     max_initial_timestamp_index: int
     max_new_tokens: int  # decoding steps from the start token on: forced prefix and end-of-text included
+    rng_seed: Optional[int] = None  # sampling seed of this window (None: the decoder's seed and call count)
 
 
 @dataclass
@@ -107,6 +118,30 @@ def pick_best(scores: Sequence[float]) -> int:
     return max(range(len(scores)), key=lambda i: (not math.isnan(scores[i]), scores[i], -i))
 
 
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is the same
+# in Python and in torch on every device (no reliance on integer overflow).
+_MIX1, _MIX2 = 0x7FEB352D, 0x68E31DA5
+
+
+def mix32(x):
+    """A 32-bit integer hash (xorshift-multiply rounds) of Python ints or int64 tensors in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _MIX1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MIX2) & _MASK32
+    return x ^ (x >> 16)
+
+
+def window_seed(seed: int, call: int) -> int:
+    """The sampling seed of a transcription's ``call``-th decode, from its 64-bit ``seed``."""
+    return mix32(mix32(mix32(seed & _MASK32) ^ ((seed >> 32) & _MASK32)) ^ (call & _MASK32))
+
+
+def row_seed(window: int, hypothesis: int) -> int:
+    return mix32(window ^ mix32(hypothesis + 1))
+
+
 class WindowDecoder:
     def __init__(
         self,
@@ -116,27 +151,31 @@ class WindowDecoder:
         *,
         use_graphs: bool = True,
         buckets: Sequence[int] = (1,),
-        check_every: int = 8,
+        steps_per_replay: int = 8,
         capacity: int = 1,
     ):
         """``buckets``: batch sizes of plain greedy calls (one graph each). ``capacity``: rows the
-        state holds at least, for beam search (windows x beam) and sampling (windows x best_of)."""
+        state holds at least, for beam search (windows x beam) and sampling (windows x best_of).
+        ``steps_per_replay``: steps per graph replay (and per look at the done flags)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.buckets = tuple(sorted(buckets))
-        self.check_every = check_every
+        self.steps_per_replay = int(steps_per_replay)
         dims = model.dims
         self.layout = VocabLayout(dims.n_vocab, tokenizer.eot, tokenizer.no_timestamps, tokenizer.timestamp_begin)
         self.max_rows = max(self.buckets[-1], int(capacity))
         self.state = self._allocate_state()
-        self.graph = StepGraph(self._step, device, use_graphs=use_graphs, name="whisper decode step")
-        # Sampling draws from this generator only, so a seed gives the same tokens run after run.
-        self.generator = torch.Generator(device=self.device)
-        self.sample_graph = StepGraph(
-            self._step, device, use_graphs=use_graphs, name="whisper sampling step", generators=(self.generator,)
-        )
+        # The one-kernel logit rules serve half-precision models on CUDA; float32 keeps PyTorch's
+        # ops, so its results stay the same on every device.
+        dtype = model.decoder.token_embedding.weight.dtype
+        self._fused_rules = dtype in (torch.float16, torch.bfloat16) and rules_kernel.available(self.device)
+        graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay)
+        self.graph = StepGraph(self._step, device, name="whisper decode step", **graph_options)
+        self.sample_graph = StepGraph(self._step, device, name="whisper sampling step", **graph_options)
+        self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay)
         self._beam = None
+        self.seed(0)
 
     @property
     def beam(self):
@@ -148,11 +187,23 @@ class WindowDecoder:
         return self._beam
 
     def seed(self, seed: Optional[int]) -> None:
-        """Seed the sampling generator; None picks a fresh random seed."""
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(int(seed))
+        """Seed sampling and restart the call count; None picks a fresh random seed.
+
+        The n-th ``decode`` call after ``seed(s)`` samples with ``window_seed(s, n)`` (unless a
+        request brings its own ``rng_seed``), so a seed gives the same tokens run after run.
+        """
+        self._seed = random.getrandbits(64) if seed is None else int(seed)
+        self._calls = 0
+
+    def continue_from(self, other: "WindowDecoder") -> None:
+        """Take over another decoder's seed and call count (when the state is regrown mid-audio)."""
+        self._seed, self._calls = other._seed, other._calls
+
+    def next_window_seed(self) -> int:
+        """The seed of the next decode call's windows (and count the call)."""
+        seed = window_seed(self._seed, self._calls)
+        self._calls += 1
+        return seed
 
     def nbytes(self) -> int:
         """Device bytes of every persistent decode buffer (beam search's included once allocated)."""
@@ -191,13 +242,16 @@ class WindowDecoder:
         st.allocate("suppress_at_begin", (dims.n_vocab,), b)
         st.allocate("temperature", (1,), f32, 1.0)
         st.allocate("repetition_penalty", (1,), f32, 1.0)
+        st.allocate("rng_key", (rows,), i64)  # each row's sampling seed (32 bits)
+        token_hash = st.allocate("token_hash", (dims.n_vocab,), i64)
+        token_hash.copy_(mix32(torch.arange(dims.n_vocab, dtype=torch.int64)))
         return st
 
     # Per-row buffers (rows on dim 0) and the self-attention caches (rows on dim 1).
     ROW_BUFFERS = (
         "token", "position", "n_generated", "max_new", "last", "penultimate", "last_timestamp", "done",
         "sum_logprob", "no_speech", "no_speech_at_step", "timestamps", "max_initial_timestamp",
-        "out_tokens", "sample_begin", "prefix_tokens", "seen",
+        "out_tokens", "sample_begin", "prefix_tokens", "seen", "rng_key",
     )
 
     def _layer_views(self, name: str, rows: int) -> List[Tensor]:
@@ -230,15 +284,23 @@ class WindowDecoder:
         rows, sample, penalize, ngram = self._parse_key(key)
         st = self.state
         logits = self._run_decoder(rows)
-        self._capture_no_speech(logits, rows)
-        logprobs = torch.log_softmax(self._filter_logits(logits, rows, penalize, ngram), dim=-1)
-        if sample:
-            # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T).
-            uniform = torch.rand(logprobs.shape, generator=self.generator, device=logprobs.device)
-            next_token = (logprobs / st["temperature"] - torch.log(-torch.log(uniform))).argmax(dim=-1)
+        if self._fused_rules and not sample:
+            # Rules, log-softmax, argmax and the no-speech probability in one kernel.
+            next_token, logprob, no_speech = rules_kernel.fused_greedy_choice(
+                self._penalized(logits, rows, penalize), self.layout, *self._rule_state(rows, ngram),
+                no_speech=self.tokenizer.no_speech,
+            )
+            self._store_no_speech(no_speech, rows)
         else:
-            next_token = logprobs.argmax(dim=-1)
-        logprob = logprobs.gather(1, next_token[:, None])[:, 0]
+            self._capture_no_speech(logits, rows)
+            logprobs = self._logprobs(logits, rows, penalize, ngram)
+            if sample:
+                # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T).
+                uniform = self._uniform_noise(rows)
+                next_token = (logprobs / st["temperature"] - torch.log(-torch.log(uniform))).argmax(dim=-1)
+            else:
+                next_token = logprobs.argmax(dim=-1)
+            logprob = logprobs.gather(1, next_token[:, None])[:, 0]
 
         # Forced prefix steps take the prefix token and score nothing (CTranslate2 resets the score).
         n_gen = st["n_generated"][:rows]
@@ -255,6 +317,15 @@ class WindowDecoder:
         done = st["done"][:rows]
         done.copy_(done | (next_token == eot) | (n_gen >= st["max_new"][:rows]))
 
+    def _uniform_noise(self, rows: int) -> Tensor:
+        """[rows, V] uniform numbers in (0, 1): a hash of (row seed, row step, token id)."""
+        st = self.state
+        step_key = mix32(st["rng_key"][:rows] ^ mix32(st["n_generated"][:rows] & _MASK32))
+        bits = mix32(step_key[:, None] ^ st["token_hash"][None, :])
+        # 23 bits: (k + 0.5) / 2**23 is exact in float32 and strictly inside (0, 1), so the Gumbel
+        # noise -log(-log(u)) is always finite (24 bits would round the top value up to 1.0).
+        return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
     def _run_decoder(self, rows: int) -> Tensor:
         """One decoder step on each row's current token: float32 logits [rows, n_vocab]."""
         st = self.state
@@ -269,26 +340,43 @@ class WindowDecoder:
 
     def _capture_no_speech(self, logits: Tensor, rows: int) -> None:
         # The no-speech probability is read off the raw logits at the <|startoftranscript|> step.
-        st = self.state
         no_speech = torch.exp(logits[:, self.tokenizer.no_speech] - torch.logsumexp(logits, dim=-1))
+        self._store_no_speech(no_speech, rows)
+
+    def _store_no_speech(self, no_speech: Tensor, rows: int) -> None:
+        st = self.state
         take = st["no_speech_at_step"][:rows] & (st["n_generated"][:rows] == 0) & ~st["done"][:rows]
         st["no_speech"][:rows].copy_(torch.where(take, no_speech, st["no_speech"][:rows]))
+
+    def _penalized(self, logits: Tensor, rows: int, penalize: bool) -> Tensor:
+        if not penalize:
+            return logits
+        st = self.state
+        p = st["repetition_penalty"]
+        penalized = torch.where(logits < 0, logits * p, logits / p)
+        return torch.where(st["seen"][:rows], penalized, logits)
+
+    def _rule_state(self, rows: int, ngram: int) -> tuple:
+        """apply_logit_rules' arguments after the logits, for the first ``rows`` rows."""
+        st = self.state
+        return (
+            st["suppress"], st["suppress_at_begin"], st["timestamps"][:rows], st["max_initial_timestamp"][:rows],
+            st["n_generated"][:rows], st["last"][:rows], st["penultimate"][:rows], st["last_timestamp"][:rows],
+            st["sample_begin"][:rows], self._repeated_ngrams(rows, ngram) if ngram > 0 else None,
+        )
 
     def _filter_logits(self, logits: Tensor, rows: int, penalize: bool, ngram: int) -> Tensor:
         """The logits with CTranslate2's processors applied, in its order: repetition penalty,
         repeated n-grams, suppressed tokens, suppression at the first free step, timestamp rules."""
-        st = self.state
-        if penalize:
-            p = st["repetition_penalty"]
-            penalized = torch.where(logits < 0, logits * p, logits / p)
-            logits = torch.where(st["seen"][:rows], penalized, logits)
-        banned = self._repeated_ngrams(rows, ngram) if ngram > 0 else None
-        return apply_logit_rules(
-            logits, self.layout, st["suppress"], st["suppress_at_begin"], st["timestamps"][:rows],
-            st["max_initial_timestamp"][:rows], st["n_generated"][:rows], st["last"][:rows],
-            st["penultimate"][:rows], st["last_timestamp"][:rows],
-            sample_begin=st["sample_begin"][:rows], banned=banned,
-        )
+        return apply_logit_rules(self._penalized(logits, rows, penalize), self.layout, *self._rule_state(rows, ngram))
+
+    def _logprobs(self, logits: Tensor, rows: int, penalize: bool, ngram: int) -> Tensor:
+        """log_softmax of the filtered logits (one fused kernel where available)."""
+        if self._fused_rules:
+            return rules_kernel.fused_filtered_log_softmax(
+                self._penalized(logits, rows, penalize), self.layout, *self._rule_state(rows, ngram)
+            )
+        return torch.log_softmax(self._filter_logits(logits, rows, penalize, ngram), dim=-1)
 
     def _repeated_ngrams(self, rows: int, n: int) -> Tensor:
         """[rows, V] bool: tokens that would repeat an n-gram of the row's tokens so far."""
@@ -329,7 +417,21 @@ class WindowDecoder:
         token = st["token"][:rows]
         token.copy_(torch.where(active, next_token, token))
 
-    # -- one call: a batch of windows -----------------------------------------------------------
+    # -- runs: windows admitted into free rows -------------------------------------------------
+    def start(
+        self,
+        options: "SearchOptions",
+        suppress_tokens: Sequence[int],
+        suppress_at_begin: Sequence[int],
+        windows: int,
+    ):
+        """A run of up to ``windows`` concurrent windows with these options (captures its graphs)."""
+        if options.beam_size > 1:
+            if options.sampling:
+                raise ValueError("beam search does not sample: use temperature 0 with beam_size > 1")
+            return self.beam.start(options, suppress_tokens, suppress_at_begin, windows)
+        return GreedyRun(self, options, suppress_tokens, suppress_at_begin, windows)
+
     def decode(
         self,
         audio_features: Tensor,
@@ -343,51 +445,21 @@ class WindowDecoder:
         n = len(requests)
         if audio_features.shape[0] != n:
             raise ValueError(f"{audio_features.shape[0]} windows of audio but {n} requests")
-        if options.beam_size > 1:
-            if options.sampling:
-                raise ValueError("beam search does not sample: use temperature 0 with beam_size > 1")
-            return self.beam.decode(audio_features, requests, suppress_tokens, suppress_at_begin, options)
+        run = self.start(options, suppress_tokens, suppress_at_begin, n)
+        seed = self.next_window_seed()
+        requests = [r if r.rng_seed is not None else _with_seed(r, seed ^ i) for i, r in enumerate(requests)]
+        slots = run.admit(audio_features, requests, batch_prefix=True)
+        results: Dict[int, WindowResult] = {}
+        while run.busy:
+            run.advance()
+            results.update(run.collect())
+        return [results[slot] for slot in slots]
 
-        per = max(1, options.num_hypotheses) if options.sampling else 1
-        penalize = options.repetition_penalty != 1.0
-        ngram = int(options.no_repeat_ngram_size)
-        if per == 1 and not (options.sampling or penalize or ngram):
-            rows = bucket_for(n, self.buckets)
-            key, graph = rows, self.graph
-        else:
-            rows = n * per
-            if rows > self.max_rows:
-                raise ValueError(f"{n} windows x {per} samples need {rows} rows; the decoder holds {self.max_rows}")
-            key = ("greedy", rows, options.sampling, penalize, ngram)
-            graph = self.sample_graph if options.sampling else self.graph
-        self._capture(graph, key)
-        self.load(audio_features, requests, per, suppress_tokens, suppress_at_begin, options)
-
-        st = self.state
-        max_steps = max(req.max_new_tokens for req in requests)
-        done = st["done"][:rows]
-        for step in range(max_steps):
-            graph(key)
-            if (step + 1) % self.check_every == 0 and bool(done.all()):
-                break
-
-        # One transfer for all results.
-        n_gen = st["n_generated"][: n * per].tolist()
-        out = st["out_tokens"][: n * per].tolist()
-        sum_lp = st["sum_logprob"][: n * per].tolist()
-        no_speech = st["no_speech"][: n * per].tolist()
-        eot = self.tokenizer.eot
-        results = []
-        for window in range(n):
-            candidates = []
-            for row in range(window * per, (window + 1) * per):
-                tokens = out[row][: n_gen[row]]
-                while tokens and tokens[-1] == eot:
-                    tokens.pop()
-                score = normalized_score(sum_lp[row], len(tokens), options.length_penalty)
-                candidates.append(WindowResult(tokens, sum_lp[row], no_speech[window * per], score))
-            results.append(candidates[pick_best([c.score for c in candidates])])
-        return results
+    def rows_for(self, windows: int, options: SearchOptions) -> int:
+        """Decoder rows a call of ``windows`` windows with ``options`` occupies."""
+        if options.sampling:
+            return windows * max(1, options.num_hypotheses)
+        return windows * max(1, options.beam_size)
 
     def _capture(self, graph: StepGraph, key) -> None:
         """Capture ``key``'s graph first if it has none yet: capture runs the step on a reset state."""
@@ -397,32 +469,42 @@ class WindowDecoder:
                 self._beam.reset()
             graph.capture(key)
 
-    def load(
-        self,
-        audio_features: Tensor,
-        requests: Sequence[WindowRequest],
-        per: int,
-        suppress_tokens: Sequence[int],
-        suppress_at_begin: Sequence[int],
-        options: SearchOptions,
-    ) -> None:
-        """Fill the state for a call: ``per`` identical rows for each request (beams or samples)."""
+    def set_rules(self, suppress_tokens: Sequence[int], suppress_at_begin: Sequence[int], options: SearchOptions) -> None:
+        """The state every row of a run shares: suppression masks, temperature, repetition penalty."""
         st = self.state
-        self._reset_rows()
         self._set_mask("suppress", suppress_tokens)
         self._set_mask("suppress_at_begin", suppress_at_begin)
         st["temperature"].fill_(options.temperature if options.sampling else 1.0)
         st["repetition_penalty"].fill_(options.repetition_penalty)
-        cross = self.model.decoder.cross_kv(audio_features)
-        n = len(requests)
-        for layer, (k, v) in enumerate(cross):
-            st["cross_k"][layer, : n * per].copy_(k.repeat_interleave(per, dim=0))
-            st["cross_v"][layer, : n * per].copy_(v.repeat_interleave(per, dim=0))
-        for window, req in enumerate(requests):
-            first = window * per
+
+    def admit_rows(
+        self, first_rows: Sequence[int], per: int, audio_features: Tensor, requests: Sequence[WindowRequest]
+    ) -> None:
+        """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples)."""
+        st = self.state
+        index = torch.tensor([first + j for first in first_rows for j in range(per)], device=self.device)
+        layers = range(st["cross_k"].shape[0])
+        self.model.decoder.write_cross_kv(
+            audio_features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index, per
+        )
+        for first, req in zip(first_rows, requests):
             self._prefill(first, req)
+            window = req.rng_seed if req.rng_seed is not None else 0
+            keys = torch.tensor([row_seed(window, j) for j in range(per)], dtype=torch.int64)
+            st["rng_key"][first : first + per].copy_(keys)
             if per > 1:
                 self._copy_row(first, range(first + 1, first + per))
+
+    def read_rows(self, rows: Sequence[int]) -> Tuple[list, list, list, list]:
+        """(n_generated, out_tokens, sum_logprob, no_speech) of ``rows``, as Python lists."""
+        st = self.state
+        index = torch.tensor(list(rows), device=self.device)
+        return (
+            st["n_generated"].index_select(0, index).tolist(),
+            st["out_tokens"].index_select(0, index).tolist(),
+            st["sum_logprob"].index_select(0, index).tolist(),
+            st["no_speech"].index_select(0, index).tolist(),
+        )
 
     def _copy_row(self, source: int, targets: Sequence[int]) -> None:
         st = self.state
@@ -487,3 +569,99 @@ class WindowDecoder:
             st["prefix_tokens"][row, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
         st["seen"][row] = False
         st["done"][row] = False
+
+
+def _with_seed(request: WindowRequest, seed: int) -> WindowRequest:
+    return WindowRequest(request.prompt, request.timestamps, request.max_initial_timestamp_index,
+                         request.max_new_tokens, seed)
+
+
+class WindowSlots:
+    """The window slots of a run: which are free, and per busy slot a value the run tracks."""
+
+    def __init__(self, windows: int):
+        self._free = list(range(windows))
+        self._busy: Dict[int, int] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._busy)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def _take(self, count: int) -> List[int]:
+        if count > len(self._free):
+            raise ValueError(f"{count} windows but only {len(self._free)} free slots in this run")
+        return [self._free.pop(0) for _ in range(count)]
+
+    def _release(self, slot: int) -> None:
+        del self._busy[slot]
+        self._free.append(slot)
+        self._free.sort()
+
+
+class GreedyRun(WindowSlots):
+    """Greedy or sampled decoding of windows admitted into free row groups of one run.
+
+    Each window takes ``per`` rows (``best_of`` samples, else one); all rows step together in one
+    graph per run; a window is finished when its rows are, and its rows go back to the free pool.
+    """
+
+    def __init__(self, decoder: WindowDecoder, options: SearchOptions, suppress, suppress_at_begin, windows: int):
+        self.decoder, self.options = decoder, options
+        self.per = max(1, options.num_hypotheses) if options.sampling else 1
+        penalize = options.repetition_penalty != 1.0
+        ngram = int(options.no_repeat_ngram_size)
+        if self.per == 1 and not (options.sampling or penalize or ngram):
+            rows = bucket_for(windows, decoder.buckets)
+            self.key, self.graph = rows, decoder.graph
+        else:
+            rows = windows * self.per
+            if rows > decoder.max_rows:
+                raise ValueError(
+                    f"{windows} windows x {self.per} samples need {rows} rows; the decoder holds {decoder.max_rows}"
+                )
+            self.key = ("greedy", rows, options.sampling, penalize, ngram)
+            self.graph = decoder.sample_graph if options.sampling else decoder.graph
+        self.windows = windows
+        decoder._capture(self.graph, self.key)
+        decoder._reset_rows()
+        decoder.set_rules(suppress, suppress_at_begin, options)
+        self.rows = rows
+        super().__init__(windows)  # busy slot -> its first row
+
+    def admit(self, audio_features: Tensor, requests: Sequence[WindowRequest], batch_prefix: bool = False) -> List[int]:
+        """Load windows into free slots; returns their slot numbers (``batch_prefix`` is for beams)."""
+        slots = self._take(len(requests))
+        firsts = [slot * self.per for slot in slots]
+        self.decoder.admit_rows(firsts, self.per, audio_features, requests)
+        self._busy.update(zip(slots, firsts))
+        return slots
+
+    def advance(self) -> None:
+        """``steps_per_replay`` steps of every row (finished rows are masked)."""
+        self.graph(self.key)
+
+    def collect(self) -> Dict[int, WindowResult]:
+        """Results of the windows that finished since the last look; their slots become free."""
+        done = self.decoder.state["done"][: self.rows].tolist()  # the one host sync per replay
+        finished = [slot for slot, first in self._busy.items() if all(done[first : first + self.per])]
+        if not finished:
+            return {}
+        rows = [self._busy[slot] + j for slot in finished for j in range(self.per)]
+        n_gen, out, sum_lp, no_speech = self.decoder.read_rows(rows)
+        eot = self.decoder.tokenizer.eot
+        results = {}
+        for i, slot in enumerate(finished):
+            candidates = []
+            for row in range(i * self.per, (i + 1) * self.per):
+                tokens = out[row][: n_gen[row]]
+                while tokens and tokens[-1] == eot:
+                    tokens.pop()
+                score = normalized_score(sum_lp[row], len(tokens), self.options.length_penalty)
+                candidates.append(WindowResult(tokens, sum_lp[row], no_speech[i * self.per], score))
+            results[slot] = candidates[pick_best([c.score for c in candidates])]
+            self._release(slot)
+        return results

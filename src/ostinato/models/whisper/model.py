@@ -8,7 +8,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ...errors import ModelLoadError
+from ...errors import InvalidOptionError, ModelLoadError
 from ...runtime import memory_report, place_module, resolve_device, resolve_dtype, strict_float32
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
 from .modules import Whisper
@@ -84,6 +84,8 @@ class WhisperModel:
         self.decoder = WindowDecoder(
             self.model, self.tokenizer, self.device, use_graphs=use_graphs, capacity=DEFAULT_DECODE_ROWS
         )
+        log.info("decode loop on %s: %s", self.device, self.decoder.loop_rung)
+        self._batch_decoders = {}
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -111,14 +113,26 @@ class WhisperModel:
     ) -> List[WindowResult]:
         """Decode windows greedily, by sampling or by beam search (``options``; greedy by default)."""
         options = options or SearchOptions()
-        rows = len(requests) * (options.beam_size if not options.sampling else max(1, options.num_hypotheses))
+        rows = self.decoder.rows_for(len(requests), options)
         if rows > self.decoder.max_rows:  # more beams or samples than the state holds: grow it once
             with torch.inference_mode(False):  # plain tensors, as when the model was built
-                self.decoder = WindowDecoder(
-                    self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, capacity=rows
-                )
+                grown = WindowDecoder(self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, capacity=rows)
+            grown.continue_from(self.decoder)
+            self.decoder = grown
         with strict_float32(self.device, self.dtype):
             return self.decoder.decode(audio_features, requests, suppress, suppress_at_begin, options)
+
+    def batch_decoder(self, windows: int, rows: int) -> WindowDecoder:
+        """The decoder state for batched transcription: ``windows`` greedy rows in buckets, ``rows`` in all."""
+        key = (windows, rows)
+        if key not in self._batch_decoders:
+            self._batch_decoders.clear()  # one batch state at a time: its memory goes back first
+            buckets = sorted({b for b in (1, 2, 4, 8, 16, 32, 64) if b < windows} | {windows})
+            with torch.inference_mode(False):
+                self._batch_decoders[key] = WindowDecoder(
+                    self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, buckets=buckets, capacity=rows
+                )
+        return self._batch_decoders[key]
 
     def seed(self, seed: Optional[int]) -> None:
         """Seed the sampling generator used at temperatures above zero (None: a random seed)."""
@@ -199,9 +213,9 @@ class WhisperModel:
         Bad options raise ``InvalidOptionError`` and bad audio ``AudioError`` here, before any
         model work; segments are produced as the generator is consumed.
         """
-        from ...audio import load_audio, whisper_input_features
+        from ...audio import load_audio
 
-        options = TranscribeOptions(
+        options = self._options(
             language=language, task=task, beam_size=beam_size, temperature=temperature,
             initial_prompt=initial_prompt, without_timestamps=without_timestamps,
             condition_on_previous_text=condition_on_previous_text,
@@ -217,7 +231,49 @@ class WhisperModel:
             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
             prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps, seed=seed,
         )
+        return transcribe_samples(self, self.tokenizer, self.dims, load_audio(audio), options, on_progress)
+
+    def transcribe_batch(
+        self, audios: Sequence[AudioInput], batch_size: int = 16, **options
+    ) -> List[Tuple[List[Segment], TranscriptionInfo]]:
+        """Transcribe many audios together: one ``(segments, info)`` per input, in order.
+
+        Windows of different audios (and the successive windows of long ones) share the decoder's
+        rows, up to ``batch_size`` windows at a time; a window that finishes hands its rows to the
+        next waiting window at once. The options are ``transcribe``'s (``on_progress`` excepted)
+        and apply to every audio; each result is the one ``transcribe`` gives for that audio
+        alone. Segments come as lists. An audio that cannot be read raises its ``AudioError``
+        once the batch is done (``transcribe_many`` returns it in that audio's place instead);
+        bad options raise ``InvalidOptionError`` before any work.
+        """
+        outcomes = self.transcribe_many(audios, batch_size=batch_size, **options)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes
+
+    def transcribe_many(self, audios: Sequence[AudioInput], batch_size: int = 16, **options) -> list:
+        """``transcribe_batch`` that returns each audio's error in its place instead of raising it."""
+        from .batch import BatchTranscriber
+
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidOptionError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(audios, (str, Path, bytes, np.ndarray, torch.Tensor)):
+            raise InvalidOptionError("transcribe_batch takes a list of audios; use transcribe for one")
+        if "on_progress" in options:
+            raise InvalidOptionError("transcribe_batch has no on_progress")
+        unknown = set(options) - set(TranscribeOptions.__dataclass_fields__)
+        if unknown:
+            raise InvalidOptionError(f"unknown transcribe option(s): {', '.join(sorted(unknown))}")
+        if "suppress_tokens" in options and options["suppress_tokens"] is not None:
+            options["suppress_tokens"] = list(options["suppress_tokens"])
+        transcribe_options = self._options(**options)
+        return BatchTranscriber(self, batch_size, transcribe_options).run(list(audios))
+
+    def _options(self, **kwargs) -> TranscribeOptions:
+        options = TranscribeOptions(**kwargs)
         options.validate(self.dims.n_vocab)
+        language = options.language
         if language is not None:
             language = language.strip().lower()
             if self.is_multilingual:
@@ -225,37 +281,53 @@ class WhisperModel:
             elif language != "en":
                 log.warning("model is English-only; using language 'en' instead of %r", language)
                 language = "en"
+            options.language = language
+        return options
 
-        samples = load_audio(audio)
-        duration = samples.shape[0] / 16000
-        features = whisper_input_features(samples, self.dims.n_mels, device=self.device)
+    # -- what the window loop needs besides encode/decode/align ----------------------------------
+    def features(self, samples) -> torch.Tensor:
+        """Log-mel features [n_mels, frames] of 16-kHz samples, on the model's device."""
+        from ...audio import whisper_input_features
 
-        all_language_probs = None
-        if language is None:
-            if self.is_multilingual:
-                # As faster-whisper: detect on the window at the first clip's start.
-                content_frames = features.shape[-1] - 1
-                points = parse_clip_timestamps(options.clip_timestamps)
-                start = int(points[0] * 100) if points else 0
-                start = start if start < content_frames else 0
-                first = self.encode(pad_window(features, start, min(N_FRAMES, content_frames - start))[None])
-                all_language_probs = self.detect_language(first)
-                language, language_probability = all_language_probs[0]
-            else:
-                language, language_probability = "en", 1.0
+        return whisper_input_features(samples, self.dims.n_mels, device=self.device)
+
+
+def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOptions, on_progress=None):
+    """(segments generator, info) of one audio's samples; ``runner`` does the model work.
+
+    ``runner`` is a ``WhisperModel`` or a stand-in with the same ``features``, ``encode``,
+    ``detect_language``, ``decode``, ``align`` and ``seed`` (the batch scheduler's per-audio
+    proxy); ``options`` is this audio's own copy (the detected language is written into it).
+    """
+    duration = samples.shape[0] / 16000
+    features = runner.features(samples)
+    language = options.language
+    all_language_probs = None
+    if language is None:
+        if dims.is_multilingual:
+            # As faster-whisper: detect on the window at the first clip's start.
+            content_frames = features.shape[-1] - 1
+            points = parse_clip_timestamps(options.clip_timestamps)
+            start = int(points[0] * 100) if points else 0
+            start = start if start < content_frames else 0
+            first = runner.encode(pad_window(features, start, min(N_FRAMES, content_frames - start))[None])
+            all_language_probs = runner.detect_language(first)
+            language, language_probability = all_language_probs[0]
         else:
-            language_probability = 1.0
-        options.language = language
-        sot_sequence = self.tokenizer.sot_sequence(language, task)
-        info = TranscriptionInfo(
-            language=language,
-            language_probability=language_probability,
-            duration=duration,
-            all_language_probs=all_language_probs,
-            transcription_options=options.to_dict(),
-        )
-        segments = generate_segments(
-            self, self.tokenizer, features, sot_sequence, options, on_progress,
-            frame_peaks=frame_peak_amplitudes(samples),
-        )
-        return segments, info
+            language, language_probability = "en", 1.0
+    else:
+        language_probability = 1.0
+    options.language = language
+    sot_sequence = tokenizer.sot_sequence(language, options.task)
+    info = TranscriptionInfo(
+        language=language,
+        language_probability=language_probability,
+        duration=duration,
+        all_language_probs=all_language_probs,
+        transcription_options=options.to_dict(),
+    )
+    segments = generate_segments(
+        runner, tokenizer, features, sot_sequence, options, on_progress,
+        frame_peaks=frame_peak_amplitudes(samples),
+    )
+    return segments, info

@@ -4,6 +4,11 @@ The decoder works on caller-owned buffers: self-attention K/V caches of a fixed 
 model's text context) written in place at each row's position, and cross-attention K/V projected
 once per window. Shapes never depend on how many tokens have been decoded, so the same code runs
 eagerly or inside a captured graph. This module knows nothing of graphs or decoding rules.
+
+A one-token step in half precision on CUDA (with Triton) runs through fused operators
+(``ostinato.ops``): linear layers with bias, GELU and the residual add in one kernel, and
+attention of one query over each row's filled cache positions only (split over the sequence).
+Float32 and the CPU keep plain PyTorch, so float32 results are the same on every device.
 """
 from __future__ import annotations
 
@@ -14,7 +19,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...ops import decode_attention as attention_ops
+from ...ops import skinny
 from .config import WhisperDims
+
+
+def fused_step_enabled(x: Tensor, head_dim: int) -> bool:
+    """Whether a one-token decode step on ``x`` runs through the fused half-precision operators."""
+    return (
+        x.is_cuda
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and head_dim in attention_ops.HEAD_DIMS
+        and skinny.available(x.device)
+        and attention_ops.decode_attention_available(x.device)
+    )
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
@@ -88,6 +106,29 @@ class ResidualAttentionBlock(nn.Module):
         x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v)
         return x + self.mlp(self.mlp_ln(x))
 
+    def decode_fused(
+        self, x: Tensor, self_k: Tensor, self_v: Tensor, write_index: Tensor, lengths: Tensor,
+        cross_k: Tensor, cross_v: Tensor,
+    ) -> Tensor:
+        """``decode`` for one token per row ([B, d]) through the fused operators."""
+        b, d = x.shape
+        attn, cross, heads = self.attn, self.cross_attn, self.attn.n_head
+        h = skinny.add_layer_norm(x, None, self.attn_ln.weight, self.attn_ln.bias, self.attn_ln.eps)[1]
+        q = skinny.linear(h, attn.query.weight, attn.query.bias)
+        k = skinny.linear(h, attn.key.weight)
+        v = skinny.linear(h, attn.value.weight, attn.value.bias)
+        self_k.scatter_(2, write_index, k.view(b, heads, 1, d // heads))
+        self_v.scatter_(2, write_index, v.view(b, heads, 1, d // heads))
+        a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths)
+        x = skinny.linear(a.reshape(b, d), attn.out.weight, attn.out.bias, residual=x)
+        h = skinny.add_layer_norm(x, None, self.cross_attn_ln.weight, self.cross_attn_ln.bias, self.cross_attn_ln.eps)[1]
+        q = skinny.linear(h, cross.query.weight, cross.query.bias)
+        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k, cross_v)
+        x = skinny.linear(a.reshape(b, d), cross.out.weight, cross.out.bias, residual=x)
+        h = skinny.add_layer_norm(x, None, self.mlp_ln.weight, self.mlp_ln.bias, self.mlp_ln.eps)[1]
+        hidden = skinny.linear(h, self.mlp[0].weight, self.mlp[0].bias, gelu=True)
+        return skinny.linear(hidden, self.mlp[2].weight, self.mlp[2].bias, residual=x)
+
     def decode_full(
         self, x: Tensor, cross_k: Tensor, cross_v: Tensor, heads: Sequence[int] = ()
     ) -> Tuple[Tensor, Optional[Tensor]]:
@@ -153,6 +194,19 @@ class TextDecoder(nn.Module):
         """Every layer's cross-attention keys/values [B, H, n_audio_ctx, D]: computed once per window."""
         return [block.cross_attn.project_kv(audio_features) for block in self.blocks]
 
+    def write_cross_kv(self, audio_features: Tensor, keys: List[Tensor], values: List[Tensor], rows: Tensor,
+                       per: int = 1) -> None:
+        """Project each window's cross-attention K/V and copy it into ``rows`` of the per-layer buffers
+        [rows, H, n_audio_ctx, D] (``per`` consecutive rows per window), one window and one layer at
+        a time: the transient memory is one layer of one window, and a window's values do not depend
+        on how many windows are written together."""
+        for w in range(audio_features.shape[0]):
+            index = rows[w * per : (w + 1) * per]
+            for block, k_buf, v_buf in zip(self.blocks, keys, values):
+                k, v = block.cross_attn.project_kv(audio_features[w : w + 1])
+                k_buf.index_copy_(0, index, k.expand(per, *k.shape[1:]))
+                v_buf.index_copy_(0, index, v.expand(per, *v.shape[1:]))
+
     def forward(
         self,
         tokens: Tensor,
@@ -172,6 +226,13 @@ class TextDecoder(nn.Module):
         b, t = tokens.shape
         head_dim = x.shape[-1] // self.n_head
         write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
+        if t == 1 and fused_step_enabled(x, head_dim):
+            lengths = positions[:, 0] + 1  # a query sees the keys up to its own position
+            x = x[:, 0]
+            for i, block in enumerate(self.blocks):
+                x = block.decode_fused(x, self_k[i], self_v[i], write_index, lengths, cross_k[i], cross_v[i])
+            x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
+            return skinny.linear(x, self.token_embedding.weight).float()[:, None]
         key_positions = torch.arange(self.n_ctx, device=tokens.device)
         self_mask = (key_positions[None, None, None, :] <= positions[:, None, :, None])
         for i, block in enumerate(self.blocks):

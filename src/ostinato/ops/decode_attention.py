@@ -1,0 +1,176 @@
+"""Decode attention: one query per (row, head) against a long cached K/V, split over the sequence.
+
+A decode step reads the whole K/V cache to produce one output vector per head, so it is bound by
+memory bandwidth, and with few rows x heads a kernel of one program per head would leave most SMs
+idle. Flash-decoding cuts each head's sequence into ``splits`` chunks: every program streams its
+chunk once (online softmax in float32) and writes an unnormalised partial result; a second small
+kernel rescales the partials to a common maximum and sums them.
+
+Keys at or beyond a row's length are never loaded: the chunk loop ends at the length, which the
+kernel reads from the device, so the launch grid depends only on shapes and the call can be
+captured in a CUDA graph, and a short self-attention cache costs only its valid part.
+
+Only CUDA runs these kernels (``TRITON_INTERPRET=1`` runs them on the CPU for tests); callers check
+``decode_attention_available`` and otherwise use ``torch.nn.functional.scaled_dot_product_attention``.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from .triton_support import HAVE_TRITON, cuda_kernels_available, sm_count, tl, triton
+
+LOG2E = 1.4426950408889634
+PROGRAMS_PER_SM = 2  # enough resident programs to keep loads in flight on every SM
+MIN_CHUNK = 64  # below this a split's fixed costs (q load, partial write, combine) outweigh its keys
+# Tuned on an H100 (bench/decode_attention.py, D=64, float16; BLOCK_N 32-256, 2-8 warps, 1-3
+# stages, 2-8 programs per SM tried): these matched torch SDPA at full length (16 x 20 x 1500 keys
+# at ~2.4 TB/s) and were within noise of the best everywhere else.
+BLOCK_N = 32
+NUM_WARPS = 4
+NUM_STAGES = 3  # K/V blocks of this many iterations in flight (tl.range pipelines loads that feed no dot)
+HEAD_DIMS = (64, 128)
+CHUNK_ALIGN = 16  # chunks need not be whole blocks (a partial block loads only its valid keys)
+INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises several splits
+
+
+def decode_attention_available(device) -> bool:
+    """Whether ``decode_attention`` runs on ``device`` (a CUDA device, Triton importable, not disabled
+    with ``OSTINATO_NO_TRITON=1``)."""
+    return cuda_kernels_available(device)
+
+
+def _sm_count(device: torch.device) -> int:
+    return sm_count(device, INTERPRETER_SMS)
+
+
+def split_plan(seq_len: int, heads_rows: int, n_sm: int) -> tuple[int, int]:
+    """(splits, chunk): as many splits as give every SM ``PROGRAMS_PER_SM`` programs, but no chunk
+    shorter than ``MIN_CHUNK`` keys; the count is recomputed from the chunk rounded up to
+    ``CHUNK_ALIGN`` keys (e.g. 132 SMs, 20 heads, 1500 keys: 14 wanted, 112-key chunks, 14 splits)."""
+    wanted = -(-PROGRAMS_PER_SM * n_sm // heads_rows)
+    splits = max(1, min(wanted, seq_len // MIN_CHUNK))
+    chunk = -(-seq_len // splits)
+    chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
+    return -(-seq_len // chunk), chunk
+
+
+if HAVE_TRITON:
+
+    @triton.jit(do_not_specialize=["S"])
+    def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, part_ptr, ml_ptr, S, chunk, qk_scale,
+                      sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h,
+                      H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
+                      SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr):
+        """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
+        With SPLIT it writes (acc, max, sum) for the combine kernel, else the normalised output."""
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
+        h = (bh % H).to(tl.int64)
+        length = S
+        if HAS_LEN:
+            length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), S)
+        start = split * chunk
+        end = tl.minimum(start + chunk, length)
+        d = tl.arange(0, D)
+        # scale and log2(e) folded into q: the scores come out in base 2, for exp2
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + d).to(tl.float32) * qk_scale
+        k_row = k_ptr + b * sk_b + h * sk_h
+        v_row = v_ptr + b * sv_b + h * sv_h
+        # Each of the BLOCK_N key slots keeps its own running max, sum and [D] accumulator, so the
+        # loop needs no reduction across warps (a barrier per block); the slots merge once after it.
+        # Masked-off keys are not loaded (garbage past the length may be NaN/inf) and score -inf.
+        m_s = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        l_s = tl.zeros([BLOCK_N], tl.float32)
+        acc_s = tl.zeros([BLOCK_N, D], tl.float32)
+        for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+            n = n0 + tl.arange(0, BLOCK_N)
+            ok = n < end
+            kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+            vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+            s = tl.where(ok, tl.sum(kt * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m_s, s)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slot with no key yet: 0, not NaN
+            alpha = tl.exp2(m_s - m_ref)
+            p = tl.exp2(s - m_ref)
+            acc_s = acc_s * alpha[:, None] + p[:, None] * vt
+            l_s = l_s * alpha + p
+            m_s = m_new
+        m = tl.max(m_s, axis=0)
+        w = tl.exp2(m_s - tl.where(m == float("-inf"), 0.0, m))
+        acc = tl.sum(w[:, None] * acc_s, axis=0)
+        l = tl.sum(w * l_s, axis=0)
+        if SPLIT:
+            # An empty split (past the length) still writes (0, -inf, 0): the combine weighs it 0.
+            slot = bh.to(tl.int64) * tl.num_programs(1) + split
+            tl.store(part_ptr + slot * D + d, acc)
+            tl.store(ml_ptr + slot * 2, m)
+            tl.store(ml_ptr + slot * 2 + 1, l)
+        else:
+            tl.store(out_ptr + b * so_b + h * so_h + d, (acc / l).to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _combine_kernel(part_ptr, ml_ptr, out_ptr, n_splits, so_b, so_h,
+                        H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+        """out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the splits of one (b, h);
+        split 0 always holds a valid key (lengths >= 1), so M is finite."""
+        bh = tl.program_id(0)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        i = tl.arange(0, SPLITS)
+        ok = i < n_splits
+        slot = bh.to(tl.int64) * n_splits + i
+        m = tl.load(ml_ptr + slot * 2, mask=ok, other=float("-inf"))
+        l = tl.load(ml_ptr + slot * 2 + 1, mask=ok, other=0.0)
+        w = tl.exp2(m - tl.max(m, axis=0))
+        d = tl.arange(0, D)
+        acc = tl.load(part_ptr + slot[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None, *,
+                     scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v per (row, head) over each row's first ``lengths[b]`` keys.
+
+    q [B, H, D]; k, v [B, H, S, D] with any strides but a contiguous last dimension (views of a
+    persistent cache); lengths: None (all S keys) or an int32/int64 tensor [B] on q's device, each
+    >= 1 (keys past it are ignored, whatever they hold). D is 64 or 128; float16, bfloat16 or float32.
+    Returns [B, H, D] in q's dtype, written into ``out`` when given (e.g. a graph's static buffer).
+    """
+    bsz, heads, dim = q.shape
+    seq = k.shape[2]
+    if k.shape != (bsz, heads, seq, dim) or v.shape != k.shape:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"decode_attention: head size {dim} is not supported (64 or 128)")
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("decode_attention: k and v need a contiguous last dimension")  # copying would read the whole cache
+    if lengths is not None and (lengths.shape != (bsz,) or lengths.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"decode_attention: lengths must be an int32/int64 tensor [{bsz}]")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty(bsz, heads, dim, device=q.device, dtype=q.dtype)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"decode_attention: out must be {tuple(q.shape)} with a contiguous last dimension")
+    scale = dim ** -0.5 if scale is None else scale
+    # Planned from the heads of one row, not the batch: a row's result is then the same bits at any
+    # batch size (batched transcription must equal one audio at a time).
+    splits, chunk = split_plan(seq, heads, _sm_count(q.device))
+    if splits > 1:
+        part = torch.empty(bsz * heads * splits * dim, device=q.device, dtype=torch.float32)
+        ml = torch.empty(bsz * heads * splits * 2, device=q.device, dtype=torch.float32)
+    else:
+        part = ml = out  # unused
+    _split_kernel[(bsz * heads, splits)](
+        q, k, v, lengths if lengths is not None else q, out, part, ml, seq, chunk, scale * LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1),
+        H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, SPLIT=splits > 1,
+        NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+    if splits > 1:
+        _combine_kernel[(bsz * heads,)](part, ml, out, splits, out.stride(0), out.stride(1), H=heads, D=dim,
+                                        SPLITS=triton.next_power_of_2(splits), num_warps=4)
+    return out

@@ -1,0 +1,254 @@
+"""Skinny decode-step operators: residual add + LayerNorm, and Linear for a few rows (M <= 64).
+
+A Whisper decode step feeds one token per row, so every Linear is a [M, K] x [K, N] product with M
+tiny: the time is reading the weight once, and cuBLAS at M=1 reaches only about a third of the
+memory bandwidth, while the LayerNorms, residual adds and GELUs around it are separate launches.
+
+``linear`` streams every weight tile exactly once and multiplies it with all M rows at once (``tl.dot``
+with M padded to 16, its smallest size). With few output columns (N=1280) there are too few column
+blocks to occupy every SM, so K is split too: each (column block, K chunk) program writes a float32
+partial to a workspace and a small second kernel sums the partials and applies bias, GELU and the
+residual. Where the column blocks alone fill the GPU (the vocabulary projection) there is one kernel.
+``add_layer_norm`` folds the residual add into the following LayerNorm: one program per row.
+
+Launch parameters depend only on shapes and the SM count (no autotuning, no host synchronisation),
+so both run while the caller forbids syncs and can be captured in CUDA graphs. Only CUDA runs them
+(``TRITON_INTERPRET=1`` runs them on the CPU for tests); callers check ``available`` and otherwise
+use plain PyTorch.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from .triton_support import HAVE_TRITON, cuda_kernels_available, sm_count, tl, triton
+
+PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in flight
+BLOCK_N = 64  # weight rows per program
+TILE_BYTES = 16384  # BLOCK_N x BLOCK_K weight bytes per pipeline stage: K 128 in half, 64 in float32
+MAX_WORKSPACE_RATIO = 1.0  # partial-sum traffic (float32 write + read, mostly in L2) <= the weight bytes
+NUM_STAGES = 3  # software pipelining depth of the K loop (cp.async / TMA on sm80+)
+REDUCE_BLOCK = 256
+INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises split-K
+
+
+def available(device) -> bool:
+    """Whether these kernels run on ``device`` (a CUDA device, Triton importable, not disabled with
+    ``OSTINATO_NO_TRITON=1``)."""
+    return cuda_kernels_available(device)
+
+
+def _sm_count(device: torch.device) -> int:
+    return sm_count(device, INTERPRETER_SMS)
+
+
+ROW_BLOCK = 16  # rows per program: the smallest tl.dot side
+
+
+def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
+    """Block sizes and split-K for ``linear``: enough (column block, K chunk) programs for
+    ``PROGRAMS_PER_SM`` per SM, K chunks of whole BLOCK_K tiles, and no more splits than keep the
+    float32 partials' traffic under ``MAX_WORKSPACE_RATIO`` x the weight bytes (it mostly stays in
+    L2, but at M=64 it would otherwise dwarf the weight). E.g. 132 SMs, M=1: 1280x1280 -> 20 column
+    blocks x 10 splits; 5120x1280 -> 80 x 4 (3 tiles each); 51866x1280 -> 811 x 1, no reduce kernel."""
+    # Every choice but the row-block count depends on (N, K) only, so a row's result is the same
+    # bits whatever M is: batched decoding equals decoding one window at a time.
+    block_m = ROW_BLOCK
+    block_k = TILE_BYTES // (BLOCK_N * elem_bytes)
+    m_blocks = -(-m // block_m)
+    n_blocks = -(-n // BLOCK_N)
+    k_tiles = -(-k // block_k)
+    wanted = -(-PROGRAMS_PER_SM * n_sm // n_blocks)
+    # partial traffic 2 * splits * rows * N * 4 bytes vs weight N * K * elem_bytes
+    cap = max(1, int(MAX_WORKSPACE_RATIO * k * elem_bytes / (8 * ROW_BLOCK)))
+    splits = max(1, min(wanted, cap, k_tiles))
+    tiles = -(-k_tiles // splits)
+    return dict(block_m=block_m, block_k=block_k, m_blocks=m_blocks, n_blocks=n_blocks, tiles=tiles,
+                splits=-(-k_tiles // tiles))
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _epilogue(acc, rows, cols, mask, N, b_ptr, r_ptr, srm, o_ptr, som,
+                  HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr):
+        """gelu(acc + bias) + residual in float32, one rounding to the output dtype; rows/cols broadcast
+        to acc's shape (2-D tile in the matmul kernel, one row segment in the reduce kernel)."""
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        if GELU:  # exact erf GELU, as torch.nn.functional.gelu(approximate="none")
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        if HAS_RES:
+            acc += tl.load(r_ptr + rows * srm + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(o_ptr + rows * som + cols, acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, M, N, K, sxm, swn, srm, som, TILES: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                       FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr):
+        """Program (column block, K chunk, row block): acc[BLOCK_M, BLOCK_N] over TILES BLOCK_K tiles.
+        Only the last chunk runs past K (its loads are masked), so every program has the same
+        compile-time trip count, which the compiler pipelines (and a runtime loop bound would not run
+        in the interpreter under numpy 2.4, whose scalars there are 1-element arrays)."""
+        pid_n = tl.program_id(0)
+        split = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        kk = tl.arange(0, BLOCK_K)
+        row_ok = rows < M
+        col_ok = cols < N
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
+        w_rows = w_ptr + cols.to(tl.int64)[:, None] * swn  # int64: vocab x d exceeds 2^31 bytes at fp32 x 2
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        k0 = split * (TILES * BLOCK_K)
+        for i in range(0, TILES):
+            k = k0 + i * BLOCK_K + kk
+            k_ok = k < K
+            xt = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            if FP32:  # tensor cores would round float32 operands to tf32
+                acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+            else:
+                acc += tl.dot(xt, tl.trans(wt))
+        mask = row_ok[:, None] & col_ok[None, :]
+        if SPLIT:
+            slot = (split * M + rows).to(tl.int64)
+            tl.store(ws_ptr + slot[:, None] * N + cols[None, :], acc, mask=mask)
+        else:
+            _epilogue(acc, rows.to(tl.int64)[:, None], cols[None, :], mask, N, b_ptr, r_ptr, srm, o_ptr, som,
+                      HAS_BIAS, GELU, HAS_RES)
+
+    @triton.jit
+    def _reduce_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, M, N, srm, som, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr):
+        """Program i: elements [i*BLOCK, (i+1)*BLOCK) of the flattened [M, N] output (so M=1 still
+        gets N/BLOCK programs): sum the split-K partials in a fixed order (deterministic) + epilogue."""
+        e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = e < M * N
+        acc = tl.zeros([BLOCK], tl.float32)
+        for s in range(0, SPLITS):
+            acc += tl.load(ws_ptr + s * M * N + e, mask=ok, other=0.0)
+        _epilogue(acc, e // N, e % N, ok, N, b_ptr, r_ptr, srm, o_ptr, som, HAS_BIAS, GELU, HAS_RES)
+
+    @triton.jit
+    def _add_layer_norm_kernel(x_ptr, u_ptr, w_ptr, b_ptr, nx_ptr, y_ptr, N, eps, sxm, sum_, snm, sym,
+                               BLOCK: tl.constexpr, HAS_U: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+        """Row r: new_x = x + u rounded to the dtype (what the unfused ``x + u`` stores, and what the
+        next layer adds to), then LayerNorm of that rounded row in float32."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        ok = cols < N
+        x = tl.load(x_ptr + row * sxm + cols, mask=ok, other=0.0)
+        if HAS_U:
+            # float32 sum then one rounding: float32 holds > 2p+2 bits of a half/bfloat16 p, so this
+            # equals the correctly rounded sum that PyTorch stores
+            u = tl.load(u_ptr + row * sum_ + cols, mask=ok, other=0.0)
+            x = (x.to(tl.float32) + u.to(tl.float32)).to(nx_ptr.dtype.element_ty)
+            tl.store(nx_ptr + row * snm + cols, x, mask=ok)
+        v = x.to(tl.float32)
+        mean = tl.sum(v, axis=0) / N
+        d = tl.where(ok, v - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / N + eps)  # two-pass variance: no cancellation
+        y = d * rstd
+        if HAS_W:
+            y *= tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * sym + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def _rows(t: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
+    """``t`` as a [rows, last] view with a unit last stride; inputs that are not viewable are copied,
+    outputs must be views (their writes have to land in the caller's tensor)."""
+    if t.dim() == 2 and t.stride(-1) == 1:
+        return t
+    try:
+        v = t.view(-1, t.shape[-1])
+    except RuntimeError:
+        v = None
+    if v is not None and v.stride(-1) == 1:
+        return v
+    if writable:
+        raise ValueError(f"{name} must be viewable as [rows, {t.shape[-1]}] with a contiguous last dimension")
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
+def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, eps: float = 1e-5, *, out_residual: torch.Tensor | None = None,
+                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(new_x, LayerNorm(new_x)) with new_x = x + residual_update, in one launch.
+
+    x, residual_update [..., N] (any row strides, contiguous last dimension), same dtype; weight and
+    bias [N] (any float dtype) or None. new_x is rounded to x's dtype exactly as ``x + residual_update``
+    is, and the norm is computed from it in float32 and stored in x's dtype. ``out_residual`` receives
+    new_x (pass ``x`` itself to update it in place), ``out`` the norm. With ``residual_update=None`` it
+    is a plain LayerNorm and new_x is ``x``.
+    """
+    n = x.shape[-1]
+    if residual_update is not None and (residual_update.shape != x.shape or residual_update.dtype != x.dtype):
+        raise ValueError(f"add_layer_norm: x {tuple(x.shape)} {x.dtype} and update "
+                         f"{tuple(residual_update.shape)} {residual_update.dtype} do not match")
+    x2 = _rows(x, "x")
+    y = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    y2 = _rows(y, "out", writable=True)
+    if residual_update is None:
+        nx = x
+        nx2 = u2 = x2  # unused
+    else:
+        u2 = _rows(residual_update, "residual_update")
+        nx = torch.empty_like(x, memory_format=torch.contiguous_format) if out_residual is None else out_residual
+        nx2 = _rows(nx, "out_residual", writable=True)
+    if y.shape != x.shape or nx.shape != x.shape:
+        raise ValueError(f"add_layer_norm: outputs must have x's shape {tuple(x.shape)}")
+    block = triton.next_power_of_2(n)
+    _add_layer_norm_kernel[(x2.shape[0],)](
+        x2, u2, weight if weight is not None else x2, bias if bias is not None else x2, nx2, y2, n, eps,
+        x2.stride(0), u2.stride(0), nx2.stride(0), y2.stride(0), BLOCK=block,
+        HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None,
+        num_warps=max(1, min(8, block // 256)))  # ~8 elements per thread
+    return nx, y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           residual: torch.Tensor | None = None, gelu: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu?(x @ weight^T + bias) + residual for a few rows, accumulated in float32, one rounding.
+
+    x [..., K] (any row strides, contiguous last dimension); weight [N, K] (nn.Linear layout, rows
+    contiguous); bias [N] or None; residual [..., N] like the output or None; gelu: exact erf GELU
+    before the residual. Returns [..., N] in x's dtype, written into ``out`` when given (it may be
+    ``residual`` itself, never overlap x). Meant for M = prod(x.shape[:-1]) <= 64; larger M works but re-reads the
+    weight once per 64 rows.
+    """
+    k = x.shape[-1]
+    n = weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != k or weight.stride(-1) != 1:
+        raise ValueError(f"linear: weight {tuple(weight.shape)} does not match x {tuple(x.shape)} "
+                         "or has a non-contiguous last dimension")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"linear: weight dtype {weight.dtype} differs from x dtype {x.dtype}")
+    out_shape = (*x.shape[:-1], n)
+    if residual is not None and tuple(residual.shape) != out_shape:
+        raise ValueError(f"linear: residual {tuple(residual.shape)} is not {out_shape}")
+    x2 = _rows(x, "x")
+    m = x2.shape[0]
+    o = torch.empty(out_shape, device=x.device, dtype=x.dtype) if out is None else out
+    if tuple(o.shape) != out_shape:
+        raise ValueError(f"linear: out {tuple(o.shape)} is not {out_shape}")
+    o2 = _rows(o, "out", writable=True)
+    r2 = _rows(residual, "residual") if residual is not None else o2
+    if m == 0:
+        return o
+    plan = linear_plan(m, n, k, _sm_count(x.device), x.element_size())
+    split = plan["splits"] > 1
+    ws = torch.empty(plan["splits"] * m * n if split else 1, device=x.device, dtype=torch.float32)
+    b = bias if bias is not None else o2
+    flags = dict(HAS_BIAS=bias is not None, GELU=gelu, HAS_RES=residual is not None)
+    _linear_kernel[(plan["n_blocks"], plan["splits"], plan["m_blocks"])](
+        x2, weight, b, r2, o2, ws, m, n, k, x2.stride(0), weight.stride(0), r2.stride(0), o2.stride(0),
+        TILES=plan["tiles"], BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N, BLOCK_K=plan["block_k"], SPLIT=split,
+        FP32=x.dtype == torch.float32, num_warps=4, num_stages=NUM_STAGES, **flags)
+    if split:
+        block = REDUCE_BLOCK if x.device.type == "cuda" else 4 * REDUCE_BLOCK  # the interpreter pays per program
+        _reduce_kernel[(triton.cdiv(m * n, block),)](
+            ws, b, r2, o2, m, n, r2.stride(0), o2.stride(0), SPLITS=plan["splits"], BLOCK=block, num_warps=2, **flags)
+    return o

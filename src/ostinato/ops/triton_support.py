@@ -1,0 +1,47 @@
+"""What every Triton operator asks first: is Triton here, may it run on this device, how many SMs.
+
+Triton is optional (the CPU build and CI have none): importing this module never fails, and
+``HAVE_TRITON`` says whether ``triton``/``tl`` are real. ``OSTINATO_NO_TRITON=1`` switches every
+kernel off (the plain PyTorch paths run instead), e.g. to compare the two on one machine.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # pragma: no cover - depends on the installation
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+
+def triton_enabled() -> bool:
+    return HAVE_TRITON and os.environ.get("OSTINATO_NO_TRITON") != "1"
+
+
+def cuda_kernels_available(device) -> bool:
+    """A CUDA device (or a tensor on one), Triton importable, and kernels not switched off."""
+    if not triton_enabled():
+        return False
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device, interpreter_sms: int) -> int:
+    """The device's SM count; ``interpreter_sms`` off CUDA (Triton's CPU interpreter has none)."""
+    if device.type != "cuda":
+        return interpreter_sms
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())

@@ -1,0 +1,89 @@
+"""decode_attention on CUDA at Whisper's sizes (20 heads of 64, 448 self-attention / 1500
+cross-attention keys): float16, bfloat16 and float32 against float64, garbage past int64 lengths,
+and a captured CUDA graph replayed with new lengths and contents equal to eager calls."""
+import pytest
+import torch
+
+from ostinato.ops.decode_attention import decode_attention, decode_attention_available
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 6e-3}
+HEADS, DIM = 20, 64
+
+
+@pytest.fixture(autouse=True)
+def _needs_kernel():
+    if not decode_attention_available("cuda"):
+        pytest.skip("Triton is not installed or OSTINATO_NO_TRITON=1")
+
+
+def reference(q, k, v, lengths):
+    s = torch.einsum("bhd,bhsd->bhs", q.double(), k.double()) * q.shape[-1] ** -0.5
+    vv = v.double()
+    if lengths is not None:
+        past = torch.arange(k.shape[2], device=q.device)[None, :] >= lengths[:, None]
+        s = s.masked_fill(past[:, None, :], float("-inf"))
+        vv = vv.masked_fill(past[:, None, :, None], 0.0)
+    return torch.einsum("bhs,bhsd->bhd", torch.softmax(s, dim=-1), vv)
+
+
+def cache_views(b, seq, dtype, layers=3):
+    """k, v: layer 1, rows 1..b of a [2, layers, b + 2, H, S, D] cache, as the decoder holds it."""
+    buf = torch.randn(2, layers, b + 2, HEADS, seq, DIM, device="cuda").to(dtype)
+    return buf[0, 1, 1:1 + b], buf[1, 1, 1:1 + b]
+
+
+def garbage_past(k, v, lengths):
+    for i, n in enumerate(lengths.tolist()):
+        k[i, :, n:] = float("nan")
+        v[i, :, n:] = float("inf")
+
+
+def rel_err(got, ref):
+    return ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("b,seq", [(1, 448), (1, 1500), (16, 448), (16, 1500)])
+def test_matches_float64(b, seq, dtype):
+    torch.manual_seed(b * seq)
+    k, v = cache_views(b, seq, dtype)
+    q = (torch.randn(b, HEADS, DIM, device="cuda") * 2).to(dtype)
+    out = decode_attention(q, k, v)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, reference(q, k, v, None)) < TOLERANCE[dtype]
+    lengths = torch.randint(1, seq + 1, (b,), device="cuda", dtype=torch.int64)
+    lengths[0] = 1
+    if b > 1:
+        lengths[1] = seq
+    garbage_past(k, v, lengths)
+    out = decode_attention(q, k, v, lengths)
+    assert not out.isnan().any()
+    assert rel_err(out, reference(q, k, v, lengths)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("b,seq", [(1, 1500), (16, 448)])
+def test_cuda_graph_replay_equals_eager(b, seq):
+    torch.manual_seed(0)
+    k, v = cache_views(b, seq, torch.float16)
+    q = torch.randn(b, HEADS, DIM, device="cuda", dtype=torch.float16)
+    lengths = torch.full((b,), seq, device="cuda", dtype=torch.int64)
+    decode_attention(q, k, v, lengths)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = decode_attention(q, k, v, lengths)
+    for step in range(3):
+        new_lengths = torch.randint(1, seq + 1, (b,), device="cuda", dtype=torch.int64)
+        new_lengths[0] = (1, seq, seq // 3)[step]
+        lengths.copy_(new_lengths)
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        garbage_past(k, v, lengths)
+        graph.replay()
+        eager = decode_attention(q, k, v, lengths)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager)
+        assert rel_err(static_out, reference(q, k, v, lengths)) < TOLERANCE[torch.float16]

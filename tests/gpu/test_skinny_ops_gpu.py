@@ -1,0 +1,139 @@
+"""ostinato.ops.skinny on CUDA at Whisper large-v3's decode sizes (d=1280, FF 5120, 51866 tokens):
+float16/bfloat16 against float64, first calls under torch's sync-error mode, and a captured CUDA
+graph (LayerNorm -> fc1+GELU -> fc2+residual -> LayerNorm -> vocabulary) replayed on new inputs
+equal to eager calls."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ostinato.ops import skinny
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+D = 1280
+# (N, K, bias, gelu, residual) as the decoder uses them: fused qkv, attention out, fc1, fc2, vocabulary
+SHAPES = [(3 * D, D, True, False, False), (D, D, True, False, True), (4 * D, D, True, True, False),
+          (D, 4 * D, True, False, True), (51866, D, False, False, False)]
+
+
+@pytest.fixture(autouse=True)
+def _needs_kernel():
+    if not skinny.available("cuda"):
+        pytest.skip("Triton is not installed or OSTINATO_NO_TRITON=1")
+
+
+def rel_err(got, ref):
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def linear_ref(x, w, b, r, gelu):
+    y = x.double() @ w.double().T
+    if b is not None:
+        y = y + b.double()
+    if gelu:
+        y = F.gelu(y)
+    return y if r is None else y + r.double()
+
+
+def layer(n, k, dtype, bias):
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+    return w, (torch.randn(n, device="cuda") * 0.5).to(dtype) if bias else None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("n,k,bias,gelu,res", SHAPES, ids=lambda v: str(v))
+def test_linear_matches_float64(m, n, k, bias, gelu, res, dtype):
+    torch.manual_seed(m * n + k)
+    x = torch.randn(m, 1, k + 8, device="cuda").to(dtype)[..., :k]  # [batch, 1, d] view of a wider buffer
+    w, b = layer(n, k, dtype, bias)
+    r = torch.randn(m, 1, n, device="cuda").to(dtype) if res else None
+    out = skinny.linear(x, w, b, residual=r, gelu=gelu)
+    assert out.shape == (m, 1, n) and out.dtype == dtype and not out.isnan().any()
+    assert rel_err(out, linear_ref(x, w, b, r, gelu)) < TOLERANCE[dtype]
+    # other flag combinations on this shape, through NaN-filled outputs
+    any_b = b if b is not None else layer(n, k, dtype, True)[1]
+    for fb, fg, fr in [(True, True, True), (False, True, False), (False, False, True)]:
+        bb = any_b if fb else None
+        rr = torch.randn(m, 1, n, device="cuda").to(dtype) if fr else None
+        o = torch.full((m, 1, n), float("nan"), device="cuda", dtype=dtype)
+        assert skinny.linear(x, w, bb, residual=rr, gelu=fg, out=o) is o
+        assert not o.isnan().any() and rel_err(o, linear_ref(x, w, bb, rr, fg)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_add_layer_norm_matches(m, dtype):
+    torch.manual_seed(m)
+    x = (torch.randn(m, 1, D, device="cuda") * 3 + 1).to(dtype)
+    u = torch.randn(m, 1, D, device="cuda").to(dtype)
+    w = (1 + 0.2 * torch.randn(D, device="cuda")).to(dtype)
+    b = (0.2 * torch.randn(D, device="cuda")).to(dtype)
+    new_ref = x + u
+    new_x, y = skinny.add_layer_norm(x, u, w, b, out_residual=x)
+    assert new_x is x and torch.equal(x, new_ref)
+    assert rel_err(y, F.layer_norm(new_ref.double(), (D,), w.double(), b.double(), 1e-5)) < TOLERANCE[dtype]
+    # within one unit in the last place of PyTorch's own half-precision LayerNorm
+    t = F.layer_norm(new_ref, (D,), w, b, 1e-5).float()
+    ulp = torch.finfo(dtype).eps * torch.maximum(t.abs(), y.float().abs()) + 2**-20
+    assert ((y.float() - t).abs() <= ulp).all()
+    same, y2 = skinny.add_layer_norm(x, None, w, b)  # plain LayerNorm of the updated x
+    assert same is x and ((y2.float() - F.layer_norm(x, (D,), w, b, 1e-5).float()).abs() <= ulp).all()
+
+
+def test_first_calls_do_not_sync():
+    """Fresh shapes compile and launch while torch raises on any host synchronisation."""
+    x = torch.randn(5, D, device="cuda", dtype=torch.float16)
+    w, b = layer(777, D, torch.float16, True)
+    ln_w = torch.ones(D, device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        skinny.add_layer_norm(x, x, ln_w, None)
+        skinny.linear(x, w, b, gelu=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 16])
+def test_cuda_graph_replay_equals_eager(m, dtype):
+    torch.manual_seed(0)
+    fc1_w, fc1_b = layer(4 * D, D, dtype, True)
+    fc2_w, fc2_b = layer(D, 4 * D, dtype, True)
+    voc_w, _ = layer(51866, D, dtype, False)
+    ln = [((1 + 0.1 * torch.randn(D, device="cuda")).to(dtype), (0.1 * torch.randn(D, device="cuda")).to(dtype))
+          for _ in range(2)]
+    x = torch.randn(m, 1, D, device="cuda", dtype=dtype)
+    u = torch.randn(m, 1, D, device="cuda", dtype=dtype)
+
+    def step(x, u):
+        x, h = skinny.add_layer_norm(x, u, *ln[0], out_residual=x)
+        h = skinny.linear(h, fc1_w, fc1_b, gelu=True)
+        x = skinny.linear(h, fc2_w, fc2_b, residual=x)
+        _, h = skinny.add_layer_norm(x, None, *ln[1])
+        return x, skinny.linear(h, voc_w)
+
+    def fresh():
+        return torch.randn(m, 1, D, device="cuda", dtype=dtype), torch.randn(m, 1, D, device="cuda", dtype=dtype)
+
+    x0, u0 = fresh()
+    x.copy_(x0), u.copy_(u0)
+    step(x, u)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_x, static_logits = step(x, u)
+    for _ in range(3):
+        x0, u0 = fresh()
+        x.copy_(x0), u.copy_(u0)
+        graph.replay()
+        ex, elogits = step(x0.clone(), u0)
+        torch.cuda.synchronize()
+        assert torch.equal(static_x, ex) and torch.equal(static_logits, elogits)
+        h = F.gelu(F.layer_norm((x0 + u0).double(), (D,), ln[0][0].double(), ln[0][1].double(), 1e-5)
+                   @ fc1_w.double().T + fc1_b.double())
+        ref_x = (x0 + u0).double() + h @ fc2_w.double().T + fc2_b.double()
+        assert rel_err(static_x, ref_x) < TOLERANCE[dtype]

@@ -1,0 +1,124 @@
+"""Batched transcription (``transcribe_batch``, ``--batch-size``): every audio's result equals its
+transcription alone (which test_whisper_parity / _longform / _beam check against faster-whisper),
+rows are refilled while other windows still run, and bad inputs fail per audio."""
+import pytest
+
+from ostinato import WhisperModel
+from ostinato.cli import main
+from ostinato.errors import AudioError, InvalidOptionError
+from ostinato.models.whisper import decoding
+
+# Short and long (c17: two windows), speech in noise, and digital silence (skipped undecoded).
+CLIPS = ("c01_hello_short.flac", "c17_cut_two_windows.flac", "c05_white20_m3.flac", "c15_silence.flac",
+         "c02_numbers.flac")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_torch_thread):
+    """Decoding-heavy module: run it on one intra-op thread (see conftest)."""
+
+
+@pytest.fixture(scope="module")
+def model(tiny_en_path):
+    return WhisperModel(str(tiny_en_path), device="cpu", compute_type="float32")
+
+
+def _summary(segments, info):
+    segments = list(segments)
+    return (
+        info.language,
+        [(s.seek, s.start, s.end, s.text, s.tokens, s.temperature, round(s.avg_logprob, 5)) for s in segments],
+        [[(w.start, w.end, w.word) for w in s.words] if s.words else None for s in segments],
+    )
+
+
+def _alone(model, paths, **options):
+    return [_summary(*model.transcribe(p, **options)) for p in paths]
+
+
+def _batched(model, paths, batch_size, **options):
+    return [_summary(segments, info) for segments, info in model.transcribe_batch(paths, batch_size=batch_size, **options)]
+
+
+def test_greedy_batch_equals_alone_with_refills(model, data_dir, monkeypatch):
+    paths = [str(data_dir / "clips" / c) for c in CLIPS]
+    admissions = []
+    admit = decoding.GreedyRun.admit
+
+    def recording(run, features, requests, batch_prefix=False):
+        admissions.append((run.busy, len(requests)))
+        return admit(run, features, requests, batch_prefix)
+
+    monkeypatch.setattr(decoding.GreedyRun, "admit", recording)
+    batched = _batched(model, paths, 2, beam_size=1)
+    assert any(busy for busy, _ in admissions), "no window was admitted while another was running"
+    assert sum(n for _, n in admissions) >= len(paths) - 1  # c15 is skipped undecoded
+    monkeypatch.setattr(decoding.GreedyRun, "admit", admit)
+    assert batched == _alone(model, paths, beam_size=1)
+    assert batched[3][1] == []  # digital silence: no text
+    assert len({s[0] for s in batched[1][1]}) == 2  # c17's two windows
+
+
+def test_beam_search_and_word_timestamps_batch_equals_alone(model, data_dir):
+    paths = [str(data_dir / "clips" / c) for c in ("c01_hello_short.flac", "c02_numbers.flac")]
+    options = dict(beam_size=5, word_timestamps=True)
+    assert _batched(model, paths, 2, **options) == _alone(model, paths, **options)
+
+
+def test_sampling_batch_equals_alone(model, data_dir):
+    # Every window samples (best_of 3 at one temperature): a window's draws depend on its own
+    # audio's seed only, not on what shares the batch.
+    paths = [str(data_dir / "clips" / c) for c in ("c01_hello_short.flac", "c02_numbers.flac", "c04_names_rp.flac")]
+    options = dict(beam_size=1, temperature=1.0, best_of=3, seed=5)
+    batched = _batched(model, paths, 3, **options)
+    assert batched == _alone(model, paths, **options)
+    assert _batched(model, paths, 3, **dict(options, seed=6)) != batched  # the seed matters
+
+
+def test_bad_audio_fails_in_its_place(model, data_dir, tmp_path):
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF not really")
+    good = str(data_dir / "clips" / "c01_hello_short.flac")
+    outcomes = model.transcribe_many([good, str(bad), good], batch_size=2, beam_size=1)
+    assert isinstance(outcomes[1], AudioError)
+    assert _summary(*outcomes[0]) == _summary(*outcomes[2]) == _alone(model, [good], beam_size=1)[0]
+    with pytest.raises(AudioError):
+        model.transcribe_batch([good, str(tmp_path / "missing.wav")], batch_size=2, beam_size=1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=2.5), "batch_size"),
+        (dict(batch_size=2, on_progress=print), "on_progress"),
+        (dict(batch_size=2, beam_sizes=3), "unknown"),
+        (dict(batch_size=2, beam_size=0), "beam_size"),
+    ],
+)
+def test_bad_batch_options(model, data_dir, kwargs, match):
+    with pytest.raises(InvalidOptionError, match=match):
+        model.transcribe_batch([str(data_dir / "clips" / "c01_hello_short.flac")], **kwargs)
+
+
+def test_one_audio_is_not_a_batch(model, data_dir):
+    with pytest.raises(InvalidOptionError, match="list"):
+        model.transcribe_batch(str(data_dir / "clips" / "c01_hello_short.flac"))
+
+
+def test_cli_batch_size_writes_what_one_by_one_writes(tiny_en_path, data_dir, tmp_path, capsys):
+    clips = [str(data_dir / "clips" / c) for c in ("c01_hello_short.flac", "c02_numbers.flac")]
+    common = ["transcribe", *clips, "--model", str(tiny_en_path), "--device", "cpu", "--beam-size", "1", "-f", "srt", "-q"]
+    assert main(common + ["-o", str(tmp_path / "one")]) == 0
+    assert main(common + ["-o", str(tmp_path / "batch"), "--batch-size", "2"]) == 0
+    for clip in ("c01_hello_short", "c02_numbers"):
+        one = (tmp_path / "one" / f"{clip}.srt").read_text()
+        assert one and one == (tmp_path / "batch" / f"{clip}.srt").read_text()
+    capsys.readouterr()
+    assert main(common + ["--batch-size", "0"]) == 2
+    assert "--batch-size" in capsys.readouterr().err
+    # A missing file is reported on one line; the others are still written.
+    assert main(["transcribe", clips[0], str(tmp_path / "nope.wav"), "--model", str(tiny_en_path), "--device", "cpu",
+                 "--beam-size", "1", "-f", "txt", "-q", "-o", str(tmp_path / "mixed"), "--batch-size", "2"]) == 1
+    assert (tmp_path / "mixed" / "c01_hello_short.txt").exists()
+    assert "nope.wav" in capsys.readouterr().err
