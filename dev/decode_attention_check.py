@@ -1,0 +1,140 @@
+"""Check ostinato.ops.decode_attention against a float64 PyTorch reference on fresh random inputs.
+
+    TRITON_INTERPRET=1 PYTHONPATH=src:/path/to/triton python dev/decode_attention_check.py   # CPU
+    PYTHONPATH=src python dev/decode_attention_check.py                                     # on a GPU
+
+Inputs are views of bigger cache buffers (two layouts), keys past each row's length hold NaN/inf,
+the output buffer starts as NaN (so every element must be written). The interpreter runs a small
+set (bfloat16 only on a GPU: the interpreter computes through numpy, which has no bfloat16).
+Prints one line per case (the worst row's ||out - ref|| / ||ref||) and ends with ``decode attention == reference: True`` (exit 1 otherwise).
+SEED=n repeats a run.
+"""
+import os
+import sys
+import time
+
+import torch
+
+from ostinato.ops import decode_attention as da
+
+
+def patch_interpreter_index():
+    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into ints (a loop bound
+    read on the device, as ``range(start, end)`` here) with ``int(array)``, which NumPy >= 2.4 refuses
+    for ndim > 0. Wrap its per-launch patching so ``__index__`` takes the single element."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return
+    except TypeError:
+        pass
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 6e-3}
+
+
+def reference(q, k, v, lengths, scale):
+    """Float64 attention; keys at or past the length are masked out of scores and values (they hold NaN)."""
+    seq = k.shape[2]
+    s = torch.einsum("bhd,bhsd->bhs", q.double(), k.double()) * scale
+    vv = v.double()
+    if lengths is not None:
+        past = torch.arange(seq, device=q.device)[None, :] >= lengths[:, None].to(q.device)
+        s = s.masked_fill(past[:, None, :], float("-inf"))
+        vv = vv.masked_fill(past[:, None, :, None], 0.0)
+    return torch.einsum("bhs,bhsd->bhd", torch.softmax(s, dim=-1), vv)
+
+
+def make_case(b, h, seq, dim, dtype, lengths_kind, layout, device):
+    """q, k, v as strided views: k/v = buf[kv, layer 1, rows 1..b] of a [2, L, rows, H, S, D] buffer
+    ('bhsd') or of a [2, L, rows, S, H, D] one seen as [B, H, S, D] ('bshd'); q a slice of a wider tensor."""
+    rows = b + 2
+    if layout == "bhsd":
+        buf = torch.randn(2, 2, rows, h, seq, dim, device=device).to(dtype)
+        k, v = buf[0, 1, 1:1 + b], buf[1, 1, 1:1 + b]
+    else:
+        buf = torch.randn(2, 2, rows, seq, h, dim, device=device).to(dtype)
+        k, v = buf[0, 1, 1:1 + b].transpose(1, 2), buf[1, 1, 1:1 + b].transpose(1, 2)
+    # a wide range of score spreads: some rows nearly uniform, some dominated by a few keys
+    q = (torch.randn(b, h, 2 * dim, device=device) * torch.rand(b, h, 1, device=device) * 3).to(dtype)[..., :dim]
+    if lengths_kind is None:
+        lengths = None
+    else:
+        fixed = [1, seq] if lengths_kind == "edges" else []
+        rand = torch.randint(1, seq + 1, (b,)).tolist()
+        lengths = torch.tensor((fixed + rand)[:b], device=device, dtype=torch.int32 if lengths_kind == "int32" else torch.int64)
+        for i, n in enumerate(lengths.tolist()):  # garbage past the length, as a reused cache holds
+            k[i, :, n:] = float("nan") if i % 2 == 0 else float("inf")
+            v[i, :, n:] = float("-inf") if i % 2 == 0 else float("nan")
+    return q, k, v, lengths
+
+
+def cases(on_gpu):
+    """(B, H, S, D, dtype, lengths_kind, layout)."""
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
+    out = []
+    for dtype in dtypes:
+        for b in (1, 3):
+            for h in (2, 6):
+                for lk in (None, "edges"):
+                    out.append((b, h, 77, 64, dtype, lk, "bhsd" if h == 2 else "bshd"))
+        out.append((1, 2, 448, 64, dtype, None, "bhsd"))
+        out.append((3, 2, 448, 64, dtype, "edges", "bshd"))
+        out.append((3, 2, 1500, 64, dtype, "edges", "bhsd"))
+        out.append((3, 2, 448, 128, dtype, "random", "bhsd"))
+    out.append((1, 2, 1500, 64, torch.float32, None, "bshd"))
+    out.append((3, 2, 448, 64, torch.float16, "int32", "bhsd"))
+    if on_gpu:  # Whisper sizes, cheap on a GPU
+        for dtype in dtypes:
+            for b, s in ((1, 448), (1, 1500), (16, 448), (16, 1500)):
+                for lk in (None, "edges"):
+                    out.append((b, 20, s, 64, dtype, lk, "bhsd"))
+            out.append((4, 6, 1500, 128, dtype, "random", "bshd"))
+    return out
+
+
+def main() -> int:
+    on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    if not on_gpu and not (da.HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"):
+        print("needs a CUDA device, or Triton with TRITON_INTERPRET=1")
+        return 2
+    if not on_gpu:
+        patch_interpreter_index()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    seed = int(os.environ.get("SEED", time.time_ns() % 2**31))
+    torch.manual_seed(seed)
+    print(f"device {torch.cuda.get_device_name() if on_gpu else 'cpu (Triton interpreter)'}, seed {seed}")
+    ok_all = True
+    start = time.perf_counter()
+    for b, h, seq, dim, dtype, lk, layout in cases(on_gpu):
+        q, k, v, lengths = make_case(b, h, seq, dim, dtype, lk, layout, device)
+        scale = dim ** -0.5 if lk != "random" else 0.1  # the explicit scale argument once per dtype
+        ref = reference(q, k, v, lengths, scale)
+        out = torch.full((b, h, dim), float("nan"), device=device, dtype=dtype)
+        got = da.decode_attention(q, k, v, lengths, scale=None if lk != "random" else scale, out=out)
+        fresh = da.decode_attention(q, k, v, lengths, scale=None if lk != "random" else scale)
+        # per row (a row of length 1 has a much larger output norm and would hide the others' errors)
+        err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+        ok = (got is out and got.dtype == dtype and not torch.isnan(got).any().item() and err < TOLERANCE[dtype]
+              and torch.equal(fresh, got))
+        ok_all &= ok
+        splits, _ = da.split_plan(seq, b * h, da._sm_count(device))
+        lens = "all" if lengths is None else lengths.tolist()
+        print(f"B={b} H={h} S={seq} D={dim} {str(dtype)[6:]:8s} {layout} splits={splits:2d} lengths={lens} "
+              f"rel err (worst row) {err:.2e} {'ok' if ok else 'FAIL'}")
+    print(f"{time.perf_counter() - start:.1f} s")
+    print(f"decode attention == reference: {ok_all}")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

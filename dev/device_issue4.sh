@@ -1,0 +1,13 @@
+#!/bin/bash
+# One device call for issue 4: kernel checks, GPU tests, then the benchmark (logs under $OUT).
+# Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
+cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
+[ -f /tmp/tiny/model.bin ] || cat /tmp/tiny/model.bin.0 /tmp/tiny/model.bin.1 > /tmp/tiny/model.bin
+export PYTHONPATH=src:.carry/pylib OSTINATO_TINY_EN=/tmp/tiny OSTINATO_CLIP_SAMPLES=.carry/tiny_rest/clips
+for check in decode_attention skinny rules_kernel; do
+  timeout 90 python dev/${check}_check.py > $OUT/$check.txt 2>&1; echo "$check rc=$? $(tail -1 $OUT/$check.txt)"
+done
+timeout ${TEST_S:-200} python -m pytest -q -x tests/gpu -k "not transducer" -p no:cacheprovider > $OUT/gputests.txt 2>&1
+echo "gpu tests rc=$?"; tail -25 $OUT/gputests.txt
+timeout ${BENCH_S:-260} python bench/whisper_gpu.py --out $OUT $BENCH_ARGS > $OUT/bench.txt 2>&1
+echo "bench rc=$?"; tail -45 $OUT/bench.txt

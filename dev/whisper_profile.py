@@ -1,0 +1,121 @@
+"""Where a Whisper decode step's time goes: kernels per step, grouped, on random weights (GPU).
+
+    PYTHONPATH=src python dev/whisper_profile.py --sizes tiny large-v3 --batches 1 16 [--steps 64]
+
+For each (size, batch): ms/step of the replayed graph (median of repeats, end-of-text suppressed
+so every row runs every step), then one profiled call: kernel launches per step and the kernels
+that take the most time, so a change can be judged by what it removes. Also prints which graph
+features the installed PyTorch offers (device while-loops, conditional nodes).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+import torch
+
+from ostinato.models.whisper.config import OFFICIAL_DIMS
+from ostinato.models.whisper.decoding import WindowDecoder, WindowRequest
+from ostinato.models.whisper.loaders.vocab import vocabulary_layout, whisper_tokenizer_file
+from ostinato.models.whisper.modules import Whisper
+from ostinato.models.whisper.tokenizer import WhisperTokenizer
+
+
+def random_whisper(size: str, device, dtype) -> Whisper:
+    dims = OFFICIAL_DIMS[size]
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Whisper(dims)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("positional_embedding") and "decoder" in name:
+                p.normal_(0, 0.01)
+            elif p.dim() == 1 and "ln" in name and name.endswith("weight"):
+                p.fill_(1.0)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def tokenizer_for(n_vocab: int) -> WhisperTokenizer:
+    multilingual, languages = vocabulary_layout(n_vocab)
+    return WhisperTokenizer(whisper_tokenizer_file(n_vocab), multilingual, languages)
+
+
+def forced_requests(tok: WhisperTokenizer, batch: int, steps: int):
+    sot = tok.sot_sequence("en", "transcribe") if tok.multilingual else [tok.sot]
+    request = WindowRequest(prompt=list(sot), timestamps=True, max_initial_timestamp_index=50, max_new_tokens=steps)
+    return [request] * batch, list(tok.suppressed_tokens([-1])) + [tok.eot]
+
+
+def feature_report() -> str:
+    graph = getattr(torch.cuda, "CUDAGraph", None)
+    names = [n for n in dir(graph) if "while" in n.lower() or "cond" in n.lower() or "capture_to" in n.lower()]
+    lines = [f"torch {torch.__version__}; CUDAGraph methods: {names}"]
+    try:
+        from cuda.bindings import runtime  # noqa: F401
+
+        lines.append("cuda.bindings: present")
+    except Exception as exc:  # noqa: BLE001
+        lines.append(f"cuda.bindings: {type(exc).__name__}")
+    return "\n".join(lines)
+
+
+@torch.inference_mode()
+def profile(size: str, batch: int, steps: int, repeats: int, top: int) -> str:
+    device = torch.device("cuda")
+    model = random_whisper(size, device, torch.float16)
+    tok = tokenizer_for(model.dims.n_vocab)
+    decoder = WindowDecoder(model, tok, device, buckets=(batch,))
+    mel = torch.randn(batch, model.dims.n_mels, 3000, device=device, dtype=torch.float16)
+    features = model.encoder(mel)
+    requests, suppress = forced_requests(tok, batch, steps)
+    decoder.decode(features, requests, suppress, [])  # capture
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = decoder.decode(features, requests, suppress, [])
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    assert all(len(r.tokens) == steps for r in result), [len(r.tokens) for r in result]
+    ms = statistics.median(times) * 1e3 / steps
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decoder.decode(features, requests, suppress, [])
+        torch.cuda.synchronize()
+    kernels = collections.Counter()
+    kernel_us = collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name] += 1
+            kernel_us[event.name] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+    total_launches = sum(kernels.values())
+    total_us = sum(kernel_us.values())
+    out = [f"== {size} B={batch}: {ms:.3f} ms/step (graph, median of {repeats}); "
+           f"{total_launches / steps:.0f} kernels/step, kernel time {total_us / steps / 1e3:.3f} ms/step"]
+    for name, us in kernel_us.most_common(top):
+        out.append(f"  {us / steps:8.1f} us/step {kernels[name] / steps:6.1f}x  {name[:110]}")
+    del decoder, model
+    torch.cuda.empty_cache()
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "large-v3"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}")
+    print(feature_report(), flush=True)
+    for size in args.sizes:
+        for batch in args.batches:
+            print(profile(size, batch, args.steps, args.repeats, args.top), flush=True)
+
+
+if __name__ == "__main__":
+    main()
