@@ -7,7 +7,9 @@ export PYTHONPATH=src:.carry/pylib OSTINATO_TINY_EN=/tmp/tiny OSTINATO_CLIP_SAMP
 for check in decode_attention skinny rules_kernel; do
   timeout 90 python dev/${check}_check.py > $OUT/$check.txt 2>&1; echo "$check rc=$? $(tail -1 $OUT/$check.txt)"
 done
-timeout ${TEST_S:-200} python -m pytest -q -x tests/gpu -k "not transducer" -p no:cacheprovider > $OUT/gputests.txt 2>&1
+timeout ${TEST_S:-200} python -m pytest -q tests/gpu -k "not transducer" -p no:cacheprovider > $OUT/gputests.txt 2>&1
 echo "gpu tests rc=$?"; tail -25 $OUT/gputests.txt
+timeout ${PROFILE_S:-120} python dev/whisper_profile.py --sizes tiny large-v3 --batches 1 16 --top 15 > $OUT/profile.txt 2>&1
+echo "profile rc=$?"; grep "==" $OUT/profile.txt
 timeout ${BENCH_S:-260} python bench/whisper_gpu.py --out $OUT $BENCH_ARGS > $OUT/bench.txt 2>&1
 echo "bench rc=$?"; tail -45 $OUT/bench.txt

@@ -1,0 +1,82 @@
+"""Half precision on CUDA runs the fused kernels: graph == eager for greedy, beam and timestamps on
+real tiny.en and on a random model of a larger size, and batched transcription == one at a time."""
+import pytest
+import torch
+
+from ostinato import WhisperModel
+from ostinato.models.whisper.config import OFFICIAL_DIMS
+from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, WindowRequest
+from ostinato.models.whisper.loaders.vocab import vocabulary_layout, whisper_tokenizer_file
+from ostinato.models.whisper.modules import Whisper, fused_step_enabled
+from ostinato.models.whisper.tokenizer import WhisperTokenizer
+
+from test_whisper_gpu import clip_samples
+
+pytestmark = pytest.mark.gpu
+CLIPS = ("c01_hello_short", "c02_numbers", "c05_white20_m3", "c08_story_long", "c13_nyc_white15",
+         "c17_cut_two_windows")
+
+
+def _texts(result):
+    segments, info = result
+    return [(s.start, s.end, s.tokens) for s in segments]
+
+
+@pytest.fixture(scope="module")
+def tiny_fp16(tiny_en_path):
+    graph = WhisperModel(str(tiny_en_path), device="cuda", compute_type="float16")
+    eager = WhisperModel(str(tiny_en_path), device="cuda", compute_type="float16", use_graphs=False)
+    return graph, eager
+
+
+def test_fused_path_is_on_for_half_precision(tiny_fp16):
+    graph, _ = tiny_fp16
+    x = torch.zeros(1, 384, device="cuda", dtype=torch.float16)
+    if not fused_step_enabled(x, 64):
+        pytest.skip("Triton is not installed: the plain path runs")
+    assert graph.decoder._fused_rules
+
+
+@pytest.mark.parametrize("clip", ["c02_numbers", "c17_cut_two_windows"])
+def test_beam_search_graph_equals_eager_fp16(tiny_fp16, data_dir, clip):
+    graph, eager = tiny_fp16
+    audio = clip_samples(data_dir, clip)
+    assert _texts(graph.transcribe(audio)) == _texts(eager.transcribe(audio))  # defaults: beam 5, fallback
+
+
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_batch_equals_one_at_a_time_fp16(tiny_fp16, data_dir, beam_size):
+    graph, _ = tiny_fp16
+    audios = [clip_samples(data_dir, c) for c in CLIPS]
+    alone = [_texts(graph.transcribe(a, beam_size=beam_size)) for a in audios]
+    batched = [_texts(r) for r in graph.transcribe_batch(audios, batch_size=4, beam_size=beam_size)]
+    assert batched == alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_random_tiny_size_model_graph_equals_eager(dtype):
+    dims = OFFICIAL_DIMS["tiny"]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Whisper(dims)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.1) if ("ln" in name and name.endswith("weight")) else p.normal_(0.0, 0.05)
+    model = model.to(dtype).eval().requires_grad_(False)
+    multilingual, languages = vocabulary_layout(dims.n_vocab)
+    tok = WhisperTokenizer(whisper_tokenizer_file(dims.n_vocab), multilingual, languages)
+    features = torch.randn(3, dims.n_audio_ctx, dims.n_audio_state, device="cuda", dtype=dtype)
+    prompt = tok.sot_sequence("en", "transcribe")
+    requests = [WindowRequest(prompt, True, 50, 40), WindowRequest(prompt, False, 50, 30),
+                WindowRequest(prompt + [tok.timestamp_begin], True, 50, 40)]
+    suppress, begin = list(tok.suppressed_tokens([-1])), [tok.encode(" ")[0], tok.eot]
+    results = {}
+    for use_graphs in (True, False):
+        decoder = WindowDecoder(model, tok, "cuda", use_graphs=use_graphs, buckets=(4,), capacity=15)
+        with torch.inference_mode():
+            results[use_graphs] = [
+                [r.tokens for r in decoder.decode(features, requests, suppress, begin, options)]
+                for options in (SearchOptions(), SearchOptions(beam_size=5))
+            ]
+    assert results[True] == results[False]
+    assert all(any(tokens) for tokens in results[True][0])
