@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from ostinato.models.whisper import decoding, modules
+from ostinato.models.whisper import modules
 from ostinato.models.whisper.config import WhisperDims
 from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, WindowRequest
 from ostinato.models.whisper.loaders.vocab import whisper_tokenizer_file
@@ -38,6 +38,9 @@ def build(device) -> tuple:
             else:
                 p.normal_(0.0, 0.2)  # wide logits: clear argmax margins between the two paths
     model = model.to(device).eval().requires_grad_(False)
+    # As a decoder that runs the fused step does: q/k/v packed into one tensor (the plain path
+    # then reads views of it: the same values).
+    model.decoder.pack_self_attention()
     tok = WhisperTokenizer(whisper_tokenizer_file(DIMS.n_vocab), False, 0)
     return model, tok
 

@@ -122,3 +122,17 @@ def test_cli_batch_size_writes_what_one_by_one_writes(tiny_en_path, data_dir, tm
                  "--beam-size", "1", "-f", "txt", "-q", "-o", str(tmp_path / "mixed"), "--batch-size", "2"]) == 1
     assert (tmp_path / "mixed" / "c01_hello_short.txt").exists()
     assert "nope.wav" in capsys.readouterr().err
+
+
+def test_a_failure_in_the_scheduler_stops_the_batch_without_hanging(model, data_dir, monkeypatch):
+    paths = [str(data_dir / "clips" / c) for c in ("c01_hello_short.flac", "c02_numbers.flac", "c04_names_rp.flac")]
+
+    def broken(mel):
+        raise RuntimeError("simulated device failure")
+
+    monkeypatch.setattr(model, "encode", broken)
+    with pytest.raises(RuntimeError, match="simulated device failure"):
+        model.transcribe_batch(paths, batch_size=2, beam_size=1)
+    monkeypatch.undo()
+    # The model still works afterwards, batched and alone.
+    assert _batched(model, paths[:1], 2, beam_size=1) == _alone(model, paths[:1], beam_size=1)

@@ -37,7 +37,7 @@ from torch import Tensor
 from ...runtime import DeviceState, StepGraph, bucket_for, loop_rung
 from . import rules_kernel
 from .logit_rules import VocabLayout, apply_logit_rules
-from .modules import Whisper
+from .modules import Whisper, fused_step_supported
 from .tokenizer import WhisperTokenizer
 
 
@@ -170,6 +170,8 @@ class WindowDecoder:
         # ops, so its results stay the same on every device.
         dtype = model.decoder.token_embedding.weight.dtype
         self._fused_rules = dtype in (torch.float16, torch.bfloat16) and rules_kernel.available(self.device)
+        if fused_step_supported(self.device, dtype, dims.n_text_state // dims.n_text_head):
+            model.decoder.pack_self_attention()  # one q/k/v projection kernel per fused step; same values
         graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay)
         self.graph = StepGraph(self._step, device, name="whisper decode step", **graph_options)
         self.sample_graph = StepGraph(self._step, device, name="whisper sampling step", **graph_options)

@@ -24,15 +24,20 @@ from ...ops import skinny
 from .config import WhisperDims
 
 
+def fused_step_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether one-token decode steps on ``device`` in ``dtype`` run through the fused operators."""
+    return (
+        torch.device(device).type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and head_dim in attention_ops.HEAD_DIMS
+        and skinny.available(device)
+        and attention_ops.decode_attention_available(device)
+    )
+
+
 def fused_step_enabled(x: Tensor, head_dim: int) -> bool:
     """Whether a one-token decode step on ``x`` runs through the fused half-precision operators."""
-    return (
-        x.is_cuda
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and head_dim in attention_ops.HEAD_DIMS
-        and skinny.available(x.device)
-        and attention_ops.decode_attention_available(x.device)
-    )
+    return fused_step_supported(x.device, x.dtype, head_dim)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
@@ -60,6 +65,23 @@ class MultiHeadAttention(nn.Module):
     def merge_heads(self, x: Tensor) -> Tensor:
         b, h, t, d = x.shape
         return x.transpose(1, 2).reshape(b, t, h * d)
+
+    def pack_qkv(self) -> None:
+        """Hold the query, key and value weights in one [3d, d] tensor and their biases in one [3d]
+        tensor, the parameters being views of them (still one copy of each weight), so a fused step
+        projects all three in one kernel. The key has no bias: the middle third of the packed bias
+        is zeros, the only bytes packing adds. Idempotent."""
+        if getattr(self, "qkv_weight", None) is not None:
+            return
+        with torch.no_grad():
+            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+            bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias])
+        d = self.query.weight.shape[0]
+        for i, linear in enumerate((self.query, self.key, self.value)):
+            linear.weight = nn.Parameter(weight[i * d : (i + 1) * d], requires_grad=False)
+        self.query.bias = nn.Parameter(bias[:d], requires_grad=False)
+        self.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
+        self.qkv_weight, self.qkv_bias = weight, bias
 
     def project_kv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         return self.split_heads(self.key(x)), self.split_heads(self.value(x))
@@ -114,9 +136,13 @@ class ResidualAttentionBlock(nn.Module):
         b, d = x.shape
         attn, cross, heads = self.attn, self.cross_attn, self.attn.n_head
         h = skinny.add_layer_norm(x, None, self.attn_ln.weight, self.attn_ln.bias, self.attn_ln.eps)[1]
-        q = skinny.linear(h, attn.query.weight, attn.query.bias)
-        k = skinny.linear(h, attn.key.weight)
-        v = skinny.linear(h, attn.value.weight, attn.value.bias)
+        if getattr(attn, "qkv_weight", None) is not None:
+            qkv = skinny.linear(h, attn.qkv_weight, attn.qkv_bias)
+            q, k, v = qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
+        else:
+            q = skinny.linear(h, attn.query.weight, attn.query.bias)
+            k = skinny.linear(h, attn.key.weight)
+            v = skinny.linear(h, attn.value.weight, attn.value.bias)
         self_k.scatter_(2, write_index, k.view(b, heads, 1, d // heads))
         self_v.scatter_(2, write_index, v.view(b, heads, 1, d // heads))
         a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths)
@@ -189,6 +215,11 @@ class TextDecoder(nn.Module):
             [ResidualAttentionBlock(n_state, n_head, cross_attention=True) for _ in range(n_layer)]
         )
         self.ln = nn.LayerNorm(n_state)
+
+    def pack_self_attention(self) -> None:
+        """Pack every block's self-attention q/k/v weights for the fused step (see ``pack_qkv``)."""
+        for block in self.blocks:
+            block.attn.pack_qkv()
 
     def cross_kv(self, audio_features: Tensor) -> List[Tuple[Tensor, Tensor]]:
         """Every layer's cross-attention keys/values [B, H, n_audio_ctx, D]: computed once per window."""
