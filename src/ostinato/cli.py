@@ -91,8 +91,8 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--without-timestamps", action="store_true", help="decode without timestamp tokens")
     t.add_argument("--no-graphs", action="store_true", help="do not capture or replay CUDA graphs")
     t.add_argument("--batch-size", type=int, default=1, metavar="N",
-                   help="decode up to N windows of the given files together (Whisper models; the output "
-                        "is the same as one file at a time; default: 1)")
+                   help="decode up to N windows of the given files together, refilling rows as windows "
+                        "finish (Whisper models; default: 1, one file at a time)")
     words = t.add_argument_group("word timestamps")
     words.add_argument("--word-timestamps", action="store_true",
                        help="time every word (cross-attention alignment), as faster-whisper does")
