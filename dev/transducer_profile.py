@@ -5,6 +5,7 @@ steps-per-replay. Writes nothing but stdout.
     PYTHONPATH=src python dev/transducer_profile.py [--skip-profile]
 """
 import argparse
+import os
 import sys
 import time
 
@@ -15,7 +16,6 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, "bench")
 from transducer_gpu import fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_network  # noqa: E402
 
-from ostinato.models.transducer import kernels  # noqa: E402
 from ostinato.models.transducer.model import TransducerModel  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def main():
     feats, fl = m32.features(auds)
     e32, l32 = m32.encode(feats, fl)
     for disabled in (False, True):
-        kernels._DISABLED = disabled
+        os.environ["OSTINATO_NO_TRITON"] = "1" if disabled else "0"
         e16, l16 = m16.encode(feats, fl)
         assert torch.equal(l16, l32)
         errs = []
@@ -67,7 +67,7 @@ def main():
             a, b = e16[i, :n].float(), e32[i, :n]
             errs.append(((a - b).norm() / b.norm()).item())
         print(f"encoder fp16 ({'torch' if disabled else 'triton'} conv) vs fp32: rel err per row {['%.2e' % e for e in errs]}")
-    kernels._DISABLED = False
+    os.environ["OSTINATO_NO_TRITON"] = "0"
     del net32, m32, e32
     torch.cuda.empty_cache()
 
@@ -79,9 +79,9 @@ def main():
     groups = m16._length_groups([int(n) for n in fl.tolist()])
     print(f"batch 128 ({secs:.0f} audio s): features {t_feat * 1e3:.1f} ms, encoder {t_enc * 1e3:.1f} ms, "
           f"groups {[len(g) for g in groups]}")
-    kernels._DISABLED = True
+    os.environ["OSTINATO_NO_TRITON"] = "1"
     print(f"  encoder without triton conv: {timed(lambda: m16.encode(feats, fl), 2) * 1e3:.1f} ms")
-    kernels._DISABLED = False
+    os.environ["OSTINATO_NO_TRITON"] = "0"
     grouped = m16.group_overhead_frames
     m16.group_overhead_frames = 10 ** 12
     print(f"  encoder as one padded batch: {timed(lambda: m16.encode(feats, fl), 2) * 1e3:.1f} ms")

@@ -4,12 +4,10 @@ Uses the same inputs as test_whisper_gpu.py (the random checkpoint, and the real
 clips, pre-decoded through OSTINATO_CLIP_SAMPLES where the device has no PyAV).
 """
 import json
-import warnings
 
 import pytest
 
 from ostinato import WhisperModel
-from ostinato.runtime import generator_registration_supported
 
 from test_whisper_gpu import RANDOM_CKPT, clip_samples, noise
 
@@ -52,14 +50,13 @@ def test_sampling_graph_equals_eager_and_repeats(data_dir):
     graph = WhisperModel(path, device="cuda", compute_type="float32", use_graphs=True)
     opts = dict(temperature=(0.5, 1.0), best_of=3, max_new_tokens=30, without_timestamps=True)
     audio = noise(6.0, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a PyTorch without generator registration
-        first = tokens_of(graph, audio, seed=11, **opts)
+    first = tokens_of(graph, audio, seed=11, **opts)
     assert first == tokens_of(graph, audio, seed=11, **opts)
     assert first == tokens_of(eager, audio, seed=11, **opts)
     assert any(tokens_of(graph, audio, seed=s, **opts) != first for s in (12, 13, 14))
-    mode = "graph" if generator_registration_supported() else "eager"
-    assert {graph.decoder.sample_graph.mode(k) for k in graph.decoder.sample_graph.captured_keys()} <= {mode}
+    # Sampling noise is a hash of row seeds and steps, not a generator: the step always captures.
+    keys = graph.decoder.sample_graph.captured_keys()
+    assert keys and all(graph.decoder.sample_graph.mode(k) == "graph" for k in keys)
 
 
 def test_beam_state_stays_put(data_dir):

@@ -1,7 +1,7 @@
 """The engine: device choice, one copy of weights, persistent device state, step graphs."""
 from .device import resolve_device, resolve_dtype, strict_float32
 from .graphs import (
-    DEFAULT_BUCKETS, StepGraph, bucket_for, generator_registration_supported, graphs_supported, loop_rung,
+    DEFAULT_BUCKETS, StepGraph, bucket_for, graphs_supported, loop_rung,
     while_loop_supported,
 )
 from .state import DeviceState
@@ -14,7 +14,6 @@ __all__ = [
     "StepGraph",
     "bucket_for",
     "duplicated_parameters",
-    "generator_registration_supported",
     "graphs_supported",
     "loop_rung",
     "while_loop_supported",

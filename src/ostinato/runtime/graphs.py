@@ -16,19 +16,13 @@ so the host launches once and may look at a done flag once per K steps. If captu
 memory, an op that cannot be captured) the bucket steps down the ladder with one warning: a graph
 of one step replayed K times, else eager execution; results stay correct. ``loop_rung`` names the
 rung a device starts on (a device while-loop is not among them: see its docstring).
-
-A step that draws random numbers from its own ``torch.Generator`` names it in ``generators``: each
-capture registers it with the graph (``CUDAGraph.register_generator_state``, where the installed
-PyTorch has it; without it such steps run eagerly), so every replay draws fresh numbers from the
-generator's current seed and offset, and reseeding between replays works as it does eagerly. The
-warm-up and capture runs leave the generators' states as they found them.
 """
 from __future__ import annotations
 
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Optional, Sequence
+from typing import Any, Callable, Dict, Hashable, Optional
 
 import torch
 
@@ -46,11 +40,6 @@ def _indexed(device: torch.device) -> torch.device:
 
 def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
-
-
-def generator_registration_supported() -> bool:
-    """Whether captured graphs can use a caller-owned random generator (PyTorch >= 2.4 or so)."""
-    return hasattr(getattr(torch.cuda, "CUDAGraph", None), "register_generator_state")
 
 
 def while_loop_supported() -> bool:
@@ -105,14 +94,12 @@ class StepGraph:
         warmup: int = 3,
         pool: Optional[Any] = None,
         name: str = "step",
-        generators: Sequence[torch.Generator] = (),
         steps_per_replay: int = 1,
     ):
         if steps_per_replay < 1:
             raise ValueError("steps_per_replay must be at least 1")
         self.step = step
         self.steps_per_replay = int(steps_per_replay)
-        self.generators = tuple(generators)
         self.device = _indexed(torch.device(device))
         self.use_graphs = bool(use_graphs) and graphs_supported(self.device)
         self.warmup = warmup
@@ -150,16 +137,6 @@ class StepGraph:
         for name, t in static.items():
             if t.device != self.device:
                 raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
-        if self.generators and not generator_registration_supported():
-            self._eager_buckets.add(key)
-            warnings.warn(
-                f"ostinato: this PyTorch cannot capture {self.name} with its own random generator "
-                f"(no CUDAGraph.register_generator_state); running bucket {key!r} eagerly",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return
-        saved = [g.get_state() for g in self.generators]
         failure = None
         # Down the ladder: K unrolled steps, then one step replayed K times, then eager.
         for unrolled in dict.fromkeys((self.steps_per_replay, 1)):
@@ -167,10 +144,8 @@ class StepGraph:
                 graph, outputs = self._capture_steps(key, static, unrolled)
             except Exception as exc:  # out of memory, an op that cannot be captured, ...
                 _recover_from_failed_capture(self.device)
-                self._restore(saved)
                 failure = failure or exc
                 continue
-            self._restore(saved)  # warm-up and capture drew numbers: undo that
             self._captured[key] = _Captured(graph, static, outputs, self.steps_per_replay // unrolled)
             if failure is not None:
                 self._warn(key, failure, f"replaying a one-step graph {self.steps_per_replay} times per call")
@@ -182,8 +157,6 @@ class StepGraph:
     def _capture_steps(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int):
         self._warm_up(key, static)
         graph = torch.cuda.CUDAGraph()
-        for generator in self.generators:
-            graph.register_generator_state(generator)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
@@ -196,13 +169,6 @@ class StepGraph:
         for _ in range(steps):
             outputs = self.step(key, **inputs)
         return outputs
-
-    def _restore(self, saved) -> None:
-        for generator, state in zip(self.generators, saved):
-            try:
-                generator.set_state(state)
-            except RuntimeError:
-                pass
 
     def _warn(self, key: Hashable, exc: BaseException, action: str) -> None:
         detail = str(exc).splitlines()[0] if str(exc) else ""

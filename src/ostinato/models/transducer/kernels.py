@@ -16,23 +16,14 @@ import os
 
 import torch
 
-try:  # pragma: no cover - depends on the installation
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except Exception:  # pragma: no cover
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from ...ops.triton_support import HAVE_TRITON, tl, triton, triton_enabled  # noqa: F401
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_DISABLED = os.environ.get("OSTINATO_NO_TRITON") == "1"
 
 
 def available(t: torch.Tensor) -> bool:
     """Whether the fused kernels run for tensors like ``t``."""
-    if not HAVE_TRITON or _DISABLED:
+    if not triton_enabled():
         return False
     if t.dtype not in (torch.float16, torch.bfloat16):
         return False

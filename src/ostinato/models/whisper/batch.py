@@ -148,10 +148,8 @@ class BatchTranscriber:
 
     # -- scheduler side ------------------------------------------------------------------------
     def run(self, audios: list) -> list:
-        workers = [
-            _Worker(self, i, audio, replace(self.options, suppress_tokens=self._copy(self.options.suppress_tokens)))
-            for i, audio in enumerate(audios)
-        ]
+        # Each audio its own options object: the window loop writes the detected language into it.
+        workers = [_Worker(self, i, audio, replace(self.options)) for i, audio in enumerate(audios)]
         if not workers:
             return []
         self._windows = min(self.batch_size, len(workers))
@@ -181,10 +179,6 @@ class BatchTranscriber:
         if first_error is not None and not isinstance(first_error, OstinatoError):
             raise first_error  # a bug, not a bad input: never hide it in a result list
         return outcomes
-
-    @staticmethod
-    def _copy(value):
-        return list(value) if value is not None else None
 
     def _next_requests(self) -> Optional[List[_Request]]:
         """The requests waiting now; None when every audio is done. While the decoder has nothing

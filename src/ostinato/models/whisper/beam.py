@@ -33,10 +33,11 @@ import torch
 from torch import Tensor
 
 from ...runtime import DeviceState, StepGraph
-from .decoding import WindowSlots  # decoding imports this module only when a beam search starts
+# decoding imports this module only when a beam search starts, so importing it here is safe.
+from .decoding import WindowResult, WindowSlots, normalized_score, prompt_length
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
+    from .decoding import SearchOptions, WindowDecoder, WindowRequest
 
 _PREFIX_SECONDARY_SCORE = -1e10  # CTranslate2's score for the beams that do not carry a forced prefix
 CACHE_BUCKETS = (32, 64, 128, 256)  # cache lengths reordered per step (and the full context)
@@ -269,8 +270,6 @@ class BeamRun(WindowSlots):
         windows switches the prefix handling on for all of them; otherwise each window decides
         for itself (as when it is decoded alone).
         """
-        from .decoding import prompt_length
-
         tok = self.decoder.tokenizer
         slots = self._take(len(requests))
         starts = [prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests]
@@ -305,9 +304,7 @@ class BeamRun(WindowSlots):
         for slot in self._busy:
             self._busy[slot] += K
 
-    def collect(self) -> Dict[int, "WindowResult"]:
-        from .decoding import WindowResult, normalized_score
-
+    def collect(self) -> Dict[int, WindowResult]:
         bs = self.search.state
         done = bs["window_done"][: self.windows].tolist()  # the one host sync per replay
         finished = [slot for slot in self._busy if done[slot]]

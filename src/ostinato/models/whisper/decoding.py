@@ -16,9 +16,8 @@ window that finishes early hands its rows to the next one without waiting for th
 The search follows CTranslate2's (what faster-whisper runs): a prompt is split where the
 start-of-transcript sequence ends; the tokens after it are a prefix that is forced, one step at a
 time, and returned with the generated tokens; steps count from the start token. Besides argmax,
-a step can sample (Gumbel-max on the device, from the decoder's own seedable ``torch.Generator``)
-with several independent rows per window (``best_of``), the best chosen by length-normalised
-score. Sampling noise is a counter-based hash of (row seed, step, token id): a row's draws depend
+a step can sample (Gumbel-max on the device) with several independent rows per window
+(``best_of``), the best chosen by length-normalised score. Sampling noise is a counter-based hash of (row seed, step, token id): a row's draws depend
 on its own seed only, never on its neighbours in the batch, so a window samples the same tokens
 alone or batched with others. Beam search lives in ``beam.py`` and shares this decoder's state
 and rules.

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ...errors import InvalidOptionError, ModelLoadError
-from ...runtime import memory_report, place_module, resolve_device, resolve_dtype, strict_float32
+from ...runtime import DEFAULT_BUCKETS, memory_report, place_module, resolve_device, resolve_dtype, strict_float32
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
 from .modules import Whisper
 from .tokenizer import WhisperTokenizer
@@ -127,7 +127,7 @@ class WhisperModel:
         key = (windows, rows)
         if key not in self._batch_decoders:
             self._batch_decoders.clear()  # one batch state at a time: its memory goes back first
-            buckets = sorted({b for b in (1, 2, 4, 8, 16, 32, 64) if b < windows} | {windows})
+            buckets = sorted({b for b in DEFAULT_BUCKETS if b < windows} | {windows})
             with torch.inference_mode(False):
                 self._batch_decoders[key] = WindowDecoder(
                     self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, buckets=buckets, capacity=rows
