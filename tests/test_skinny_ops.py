@@ -5,17 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from dev_checks import run_dev_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_skinny_ops_in_interpreter():
-    pytest.importorskip("triton")
-    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    out = subprocess.run([sys.executable, str(ROOT / "dev" / "skinny_check.py")], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = run_dev_check("skinny_check.py", timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "skinny ops == reference: True", out.stdout[-2000:]
 
