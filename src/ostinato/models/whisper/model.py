@@ -135,7 +135,7 @@ class WhisperModel:
         return self._batch_decoders[key]
 
     def seed(self, seed: Optional[int]) -> None:
-        """Seed the sampling generator used at temperatures above zero (None: a random seed)."""
+        """Seed sampling at temperatures above zero (None: a random seed); see WindowDecoder.seed."""
         self.decoder.seed(seed)
 
     @torch.inference_mode()
