@@ -78,6 +78,20 @@ def make_case(b, h, seq, dim, dtype, lengths_kind, layout, device):
     return q, k, v, lengths
 
 
+def check_new_kv(q, k, v, lengths, scale, dtype):
+    """decode_attention with new_k/new_v: the same as writing them at length - 1 first, and the cache
+    afterwards holds them there and is untouched elsewhere (bit for bit, NaN garbage included)."""
+    new_k, new_v = torch.randn_like(q).to(dtype), torch.randn_like(q).to(dtype)
+    want_k, want_v = k.clone(), v.clone()
+    for i, n in enumerate(lengths.tolist()):
+        want_k[i, :, n - 1], want_v[i, :, n - 1] = new_k[i], new_v[i]
+    ref = reference(q, want_k, want_v, lengths, q.shape[-1] ** -0.5 if scale is None else scale)
+    got = da.decode_attention(q, k, v, lengths, scale=scale, new_k=new_k, new_v=new_v)
+    err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+    same = lambda a, b: torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))  # noqa: E731
+    return err < TOLERANCE[dtype] and same(k, want_k) and same(v, want_v), err
+
+
 def cases(on_gpu):
     """(B, H, S, D, dtype, lengths_kind, layout)."""
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
@@ -126,6 +140,10 @@ def main() -> int:
         err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
         ok = (got is out and got.dtype == dtype and not torch.isnan(got).any().item() and err < TOLERANCE[dtype]
               and torch.equal(fresh, got))
+        if lengths is not None:  # this step's key/value passed fresh: written into the cache and attended
+            ok_new, err_new = check_new_kv(q, k, v, lengths, scale if lk == "random" else None, dtype)
+            ok &= ok_new
+            err = max(err, err_new)
         ok_all &= ok
         splits, _ = da.split_plan(seq, b * h, da._sm_count(device))
         lens = "all" if lengths is None else lengths.tolist()

@@ -6,7 +6,8 @@ The kernels have their own checks (dev/*_check.py); this one checks how the deco
 small random Whisper (head size 64, the real English vocabulary) decodes the same windows with
 the fused operators and one-kernel logit rules forced on, and with plain PyTorch. float32, so the
 two may differ only by rounding: logits of each step within 1e-4 relative, and the same tokens for
-greedy decoding with timestamp rules, for beam search and for seeded sampling. On the CPU the
+greedy decoding with timestamp rules (also its scores and no-speech probabilities, which the fused
+greedy step books itself) and with a repetition penalty, for beam search and for seeded sampling. On the CPU the
 fused path only runs under the interpreter; here it is forced on by replacing the switch that
 normally keeps it to half precision on CUDA. Prints ``fused decode == torch: True`` last.
 """
@@ -60,7 +61,11 @@ def decode_all(model, tok, device, fused: bool) -> dict:
         begin = [tok.encode(" ")[0], tok.eot]
         out = {}
         with torch.inference_mode():
-            out["greedy"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin)]
+            greedy = decoder.decode(features, requests, suppress, begin)
+            out["greedy"] = [r.tokens for r in greedy]
+            out["greedy scores"] = torch.tensor([[r.sum_logprob, r.no_speech_prob] for r in greedy])
+            out["penalized"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
+                                                                 SearchOptions(repetition_penalty=1.5))]
             out["beam"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
                                                             SearchOptions(beam_size=3))]
             decoder.seed(7)
@@ -92,11 +97,14 @@ def main() -> int:
     plain = decode_all(model, tok, device, fused=False)
     fused = decode_all(model, tok, device, fused=True)
     ok = True
-    for name in ("greedy", "beam", "sampling"):
+    for name in ("greedy", "penalized", "beam", "sampling"):
         same = plain[name] == fused[name]
         lengths = [len(t) for t in plain[name]]
         print(f"{name:<9} tokens equal: {same}  lengths {lengths}")
         ok &= same and all(n > 0 for n in lengths)
+    scores = torch.allclose(fused["greedy scores"], plain["greedy scores"], rtol=1e-4, atol=1e-6)
+    print(f"greedy sum_logprob and no_speech_prob equal: {scores}  {plain['greedy scores'].tolist()}")
+    ok &= scores
     rel = ((fused["logits"] - plain["logits"]).norm() / plain["logits"].norm()).item()
     print(f"one step's logits: relative difference {rel:.2e}")
     same_cache = torch.allclose(fused["self_k"], plain["self_k"], rtol=1e-5, atol=1e-5)

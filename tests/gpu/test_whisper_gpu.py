@@ -74,7 +74,8 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
     model.decoder.graph.step = counting
     tokens_of(model, noise(5.0), max_new_tokens=40)
     first = calls["n"]
-    assert first == 4  # three warm-up runs and the capture; every real step was a replay
+    # The warm-up runs and the K unrolled steps of the capture; every real step was a replay.
+    assert first == model.decoder.graph.warmup + model.decoder.steps_per_replay
     tokens_of(model, noise(8.0, 3), max_new_tokens=40)
     assert calls["n"] == first
     assert model.decoder.graph.captured_keys() == [1]

@@ -3,12 +3,17 @@
 A decode step reads the whole K/V cache to produce one output vector per head, so it is bound by
 memory bandwidth, and with few rows x heads a kernel of one program per head would leave most SMs
 idle. Flash-decoding cuts each head's sequence into ``splits`` chunks: every program streams its
-chunk once (online softmax in float32) and writes an unnormalised partial result; a second small
-kernel rescales the partials to a common maximum and sums them.
+chunk once (online softmax in float32) and writes an unnormalised partial result; the last program
+of a (row, head) to finish (an arrival counter tells) rescales the partials to a common maximum and
+sums them in split order, so one launch does it all and the result does not depend on timing.
 
 Keys at or beyond a row's length are never loaded: the chunk loop ends at the length, which the
 kernel reads from the device, so the launch grid depends only on shapes and the call can be
 captured in a CUDA graph, and a short self-attention cache costs only its valid part.
+
+A decode step's own key and value (``new_k``/``new_v``, at position length - 1) can be passed
+fresh: the program whose chunk holds that position takes them from registers instead of the cache
+and writes them into it, which saves the two cache-write launches per layer of a separate scatter.
 
 Only CUDA runs these kernels (``TRITON_INTERPRET=1`` runs them on the CPU for tests); callers check
 ``decode_attention_available`` and otherwise use ``torch.nn.functional.scaled_dot_product_attention``.
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_support import HAVE_TRITON, cuda_kernels_available, sm_count, tl, triton
+from .triton_support import HAVE_TRITON, arrival_counters, cuda_kernels_available, sm_count, tl, triton
 
 LOG2E = 1.4426950408889634
 PROGRAMS_PER_SM = 2  # enough resident programs to keep loads in flight on every SM
@@ -58,12 +63,16 @@ def split_plan(seq_len: int, heads_rows: int, n_sm: int) -> tuple[int, int]:
 if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["S"])
-    def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, part_ptr, ml_ptr, S, chunk, qk_scale,
-                      sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h,
+    def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, nk_ptr, nv_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr,
+                      S, chunk, qk_scale,
+                      sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, snk_b, snk_h, snv_b, snv_h, so_b, so_h,
                       H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
-                      SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr):
+                      HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr):
         """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
-        With SPLIT it writes (acc, max, sum) for the combine kernel, else the normalised output."""
+        With several splits (SPLITS: their count rounded up to a power of 2) it writes (acc, max, sum),
+        and the last of the (b, h) to arrive combines them; with one it writes the normalised output.
+        With HAS_NEW the key/value at length - 1 come from nk/nv, and the chunk holding it stores them
+        into the cache (no other program reads that position, so no ordering is needed)."""
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
@@ -78,6 +87,13 @@ if HAVE_TRITON:
         q = tl.load(q_ptr + b * sq_b + h * sq_h + d).to(tl.float32) * qk_scale
         k_row = k_ptr + b * sk_b + h * sk_h
         v_row = v_ptr + b * sv_b + h * sv_h
+        pos = length - 1
+        if HAS_NEW:
+            k_new = tl.load(nk_ptr + b * snk_b + h * snk_h + d)
+            v_new = tl.load(nv_ptr + b * snv_b + h * snv_h + d)
+            if (pos >= start) & (pos < end):
+                tl.store(k_row + pos * sk_s + d, k_new)
+                tl.store(v_row + pos * sv_s + d, v_new)
         # Each of the BLOCK_N key slots keeps its own running max, sum and [D] accumulator, so the
         # loop needs no reduction across warps (a barrier per block); the slots merge once after it.
         # Masked-off keys are not loaded (garbage past the length may be NaN/inf) and score -inf.
@@ -87,8 +103,16 @@ if HAVE_TRITON:
         for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
             n = n0 + tl.arange(0, BLOCK_N)
             ok = n < end
-            kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-            vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+            if HAS_NEW:
+                fresh = n == pos
+                cached = ok & (n != pos)
+                kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=cached[:, None], other=0.0)
+                vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=cached[:, None], other=0.0)
+                kt = tl.where(fresh[:, None], k_new[None, :], kt).to(tl.float32)
+                vt = tl.where(fresh[:, None], v_new[None, :], vt).to(tl.float32)
+            else:
+                kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+                vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
             s = tl.where(ok, tl.sum(kt * q[None, :], axis=1), float("-inf"))
             m_new = tl.maximum(m_s, s)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slot with no key yet: 0, not NaN
@@ -101,42 +125,49 @@ if HAVE_TRITON:
         w = tl.exp2(m_s - tl.where(m == float("-inf"), 0.0, m))
         acc = tl.sum(w[:, None] * acc_s, axis=0)
         l = tl.sum(w * l_s, axis=0)
-        if SPLIT:
+        if SPLITS > 1:
             # An empty split (past the length) still writes (0, -inf, 0): the combine weighs it 0.
-            slot = bh.to(tl.int64) * tl.num_programs(1) + split
+            n_splits = tl.num_programs(1)
+            slot = bh.to(tl.int64) * n_splits + split
             tl.store(part_ptr + slot * D + d, acc)
             tl.store(ml_ptr + slot * 2, m)
             tl.store(ml_ptr + slot * 2 + 1, l)
+            tl.debug_barrier()  # every thread's stores before one thread's release of the count
+            arrived = tl.atomic_add(lock_ptr + bh, 1, sem="acq_rel", scope="gpu")
+            if arrived == n_splits - 1:
+                _combine(part_ptr, ml_ptr, out_ptr + b * so_b + h * so_h, bh.to(tl.int64) * n_splits, n_splits,
+                         D, SPLITS)
+                tl.atomic_xchg(lock_ptr + bh, 0)  # ready for the next launch (graph replays reuse it)
         else:
             tl.store(out_ptr + b * so_b + h * so_h + d, (acc / l).to(out_ptr.dtype.element_ty))
 
     @triton.jit
-    def _combine_kernel(part_ptr, ml_ptr, out_ptr, n_splits, so_b, so_h,
-                        H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    def _combine(part_ptr, ml_ptr, out_row, first_slot, n_splits, D: tl.constexpr, SPLITS: tl.constexpr):
         """out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the splits of one (b, h);
-        split 0 always holds a valid key (lengths >= 1), so M is finite."""
-        bh = tl.program_id(0)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
+        split 0 always holds a valid key (lengths >= 1), so M is finite. Loads bypass L1: other SMs
+        wrote the partials."""
         i = tl.arange(0, SPLITS)
         ok = i < n_splits
-        slot = bh.to(tl.int64) * n_splits + i
-        m = tl.load(ml_ptr + slot * 2, mask=ok, other=float("-inf"))
-        l = tl.load(ml_ptr + slot * 2 + 1, mask=ok, other=0.0)
+        slot = first_slot + i
+        m = tl.load(ml_ptr + slot * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(ml_ptr + slot * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
         w = tl.exp2(m - tl.max(m, axis=0))
         d = tl.arange(0, D)
-        acc = tl.load(part_ptr + slot[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        acc = tl.load(part_ptr + slot[:, None] * D + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
         out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
-        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty))
+        tl.store(out_row + d, out.to(out_row.dtype.element_ty))
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None, *,
-                     scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     scale: float | None = None, out: torch.Tensor | None = None,
+                     new_k: torch.Tensor | None = None, new_v: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v per (row, head) over each row's first ``lengths[b]`` keys.
 
     q [B, H, D]; k, v [B, H, S, D] with any strides but a contiguous last dimension (views of a
     persistent cache); lengths: None (all S keys) or an int32/int64 tensor [B] on q's device, each
     >= 1 (keys past it are ignored, whatever they hold). D is 64 or 128; float16, bfloat16 or float32.
+    new_k, new_v [B, H, D] (with lengths, k's dtype): this step's key and value, written into k and v
+    at position lengths[b] - 1 and attended there (what a scatter into the cache before the call gives).
     Returns [B, H, D] in q's dtype, written into ``out`` when given (e.g. a graph's static buffer).
     """
     bsz, heads, dim = q.shape
@@ -149,6 +180,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         raise ValueError("decode_attention: k and v need a contiguous last dimension")  # copying would read the whole cache
     if lengths is not None and (lengths.shape != (bsz,) or lengths.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"decode_attention: lengths must be an int32/int64 tensor [{bsz}]")
+    has_new = new_k is not None or new_v is not None
+    if has_new:
+        if lengths is None or new_k is None or new_v is None:
+            raise ValueError("decode_attention: new_k and new_v go together, and need lengths")
+        if new_k.shape != q.shape or new_v.shape != q.shape or new_k.dtype != k.dtype or new_v.dtype != v.dtype:
+            raise ValueError(f"decode_attention: new_k/new_v must be {tuple(q.shape)} in the cache's dtype")
+        if new_k.stride(-1) != 1 or new_v.stride(-1) != 1:
+            raise ValueError("decode_attention: new_k and new_v need a contiguous last dimension")
+    else:
+        new_k = new_v = q  # unused
     if q.stride(-1) != 1:
         q = q.contiguous()
     if out is None:
@@ -162,15 +203,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     if splits > 1:
         part = torch.empty(bsz * heads * splits * dim, device=q.device, dtype=torch.float32)
         ml = torch.empty(bsz * heads * splits * 2, device=q.device, dtype=torch.float32)
+        locks = arrival_counters(q.device, bsz * heads)
     else:
-        part = ml = out  # unused
+        part = ml = locks = out  # unused
     _split_kernel[(bsz * heads, splits)](
-        q, k, v, lengths if lengths is not None else q, out, part, ml, seq, chunk, scale * LOG2E,
+        q, k, v, lengths if lengths is not None else q, new_k, new_v, out, part, ml, locks, seq, chunk, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1),
-        H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, SPLIT=splits > 1,
-        NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
-    if splits > 1:
-        _combine_kernel[(bsz * heads,)](part, ml, out, splits, out.stride(0), out.stride(1), H=heads, D=dim,
-                                        SPLITS=triton.next_power_of_2(splits), num_warps=4)
+        new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
+        H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
+        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
     return out

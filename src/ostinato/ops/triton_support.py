@@ -45,3 +45,26 @@ def sm_count(device: torch.device, interpreter_sms: int) -> int:
     if device.type != "cuda":
         return interpreter_sms
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+ARRIVAL_SLOTS = 4096  # counters per device: enough for every split launch of a Whisper step
+
+_counters: dict = {}  # (device type, index) -> zeroed int32 arrival counters
+_retired: list = []  # outgrown counter buffers: captured graphs may still point at them
+
+
+def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """Zeroed int32 counters for kernels whose last-arriving program finishes a split reduction.
+
+    Each launch's last programs set their counters back to zero, so the counters are zero between
+    launches and one buffer serves every such kernel on ``device``: kernels on one stream run one
+    after another, and ostinato issues a device's decode work on one stream at a time.
+    """
+    key = (device.type, device.index)
+    buf = _counters.get(key)
+    if buf is None or buf.numel() < needed:
+        if buf is not None:
+            _retired.append(buf)
+        buf = torch.zeros(max(ARRIVAL_SLOTS, needed), dtype=torch.int32, device=device)
+        _counters[key] = buf
+    return buf

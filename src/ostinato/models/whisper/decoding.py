@@ -286,22 +286,23 @@ class WindowDecoder:
         st = self.state
         logits = self._run_decoder(rows)
         if self._fused_rules and not sample:
-            # Rules, log-softmax, argmax and the no-speech probability in one kernel.
-            next_token, logprob, no_speech = rules_kernel.fused_greedy_choice(
+            # Rules, log-softmax, argmax, the no-speech probability and everything below in one kernel.
+            rows_state = {name: st[name][:rows] for name in self._ADVANCED}
+            rows_state["seen"] = st["seen"][:rows] if penalize else None
+            rules_kernel.fused_greedy_step(
                 self._penalized(logits, rows, penalize), self.layout, *self._rule_state(rows, ngram),
-                no_speech=self.tokenizer.no_speech,
+                no_speech=self.tokenizer.no_speech, rows_state=rows_state,
             )
-            self._store_no_speech(no_speech, rows)
+            return
+        self._capture_no_speech(logits, rows)
+        logprobs = self._logprobs(logits, rows, penalize, ngram)
+        if sample:
+            # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T).
+            uniform = self._uniform_noise(rows)
+            next_token = (logprobs / st["temperature"] - torch.log(-torch.log(uniform))).argmax(dim=-1)
         else:
-            self._capture_no_speech(logits, rows)
-            logprobs = self._logprobs(logits, rows, penalize, ngram)
-            if sample:
-                # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T).
-                uniform = self._uniform_noise(rows)
-                next_token = (logprobs / st["temperature"] - torch.log(-torch.log(uniform))).argmax(dim=-1)
-            else:
-                next_token = logprobs.argmax(dim=-1)
-            logprob = logprobs.gather(1, next_token[:, None])[:, 0]
+            next_token = logprobs.argmax(dim=-1)
+        logprob = logprobs.gather(1, next_token[:, None])[:, 0]
 
         # Forced prefix steps take the prefix token and score nothing (CTranslate2 resets the score).
         n_gen = st["n_generated"][:rows]
@@ -317,6 +318,10 @@ class WindowDecoder:
         self._append(rows, next_token, active, penalize)
         done = st["done"][:rows]
         done.copy_(done | (next_token == eot) | (n_gen >= st["max_new"][:rows]))
+
+    # The per-row buffers the fused greedy step updates besides the rule state.
+    _ADVANCED = ("token", "position", "max_new", "done", "sum_logprob", "no_speech", "no_speech_at_step",
+                 "out_tokens", "prefix_tokens")
 
     def _uniform_noise(self, rows: int) -> Tensor:
         """[rows, V] uniform numbers in (0, 1): a hash of (row seed, row step, token id)."""

@@ -129,8 +129,7 @@ class ResidualAttentionBlock(nn.Module):
         return x + self.mlp(self.mlp_ln(x))
 
     def decode_fused(
-        self, x: Tensor, self_k: Tensor, self_v: Tensor, write_index: Tensor, lengths: Tensor,
-        cross_k: Tensor, cross_v: Tensor,
+        self, x: Tensor, self_k: Tensor, self_v: Tensor, lengths: Tensor, cross_k: Tensor, cross_v: Tensor,
     ) -> Tensor:
         """``decode`` for one token per row ([B, d]) through the fused operators."""
         b, d = x.shape
@@ -143,9 +142,9 @@ class ResidualAttentionBlock(nn.Module):
             q = skinny.linear(h, attn.query.weight, attn.query.bias)
             k = skinny.linear(h, attn.key.weight)
             v = skinny.linear(h, attn.value.weight, attn.value.bias)
-        self_k.scatter_(2, write_index, k.view(b, heads, 1, d // heads))
-        self_v.scatter_(2, write_index, v.view(b, heads, 1, d // heads))
-        a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths)
+        # The kernel writes this step's key/value into the cache at lengths - 1 (the row's position).
+        a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths,
+                                           new_k=k.view(b, heads, -1), new_v=v.view(b, heads, -1))
         x = skinny.linear(a.reshape(b, d), attn.out.weight, attn.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.cross_attn_ln.weight, self.cross_attn_ln.bias, self.cross_attn_ln.eps)[1]
         q = skinny.linear(h, cross.query.weight, cross.query.bias)
@@ -256,14 +255,14 @@ class TextDecoder(nn.Module):
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         b, t = tokens.shape
         head_dim = x.shape[-1] // self.n_head
-        write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
         if t == 1 and fused_step_enabled(x, head_dim):
             lengths = positions[:, 0] + 1  # a query sees the keys up to its own position
             x = x[:, 0]
             for i, block in enumerate(self.blocks):
-                x = block.decode_fused(x, self_k[i], self_v[i], write_index, lengths, cross_k[i], cross_v[i])
+                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i])
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
             return skinny.linear(x, self.token_embedding.weight).float()[:, None]
+        write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
         key_positions = torch.arange(self.n_ctx, device=tokens.device)
         self_mask = (key_positions[None, None, None, :] <= positions[:, None, :, None])
         for i, block in enumerate(self.blocks):
