@@ -26,7 +26,7 @@ case "${PHASE:-tests}" in
   verify) CHECK_S=100 checks ${CHECKS:-rules_kernel whisper_fused}; TEST_S=150 gpu_tests; BENCH_LINES=24 bench ;;
   bench)
     timeout 120 python bench/skinny_ops.py > $OUT/skinny_bench.txt 2>&1; echo "skinny bench rc=$?"; tail -15 $OUT/skinny_bench.txt
-    timeout ${PROFILE_S:-120} python dev/whisper_profile.py --sizes tiny large-v3 --batches 1 16 --top 15 > $OUT/profile.txt 2>&1
+    timeout ${PROFILE_S:-120} python dev/whisper_profile.py --sizes tiny large-v3 --batches 1 16 --top 15 --encoder large-v3 > $OUT/profile.txt 2>&1
     echo "profile rc=$?"; grep -E "==|kernels, kernel time" $OUT/profile.txt
     bench ;;
 esac

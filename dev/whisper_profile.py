@@ -5,7 +5,8 @@
 For each (size, batch), end-of-text suppressed so every row runs every step: ms per whole decode
 call (median of repeats) and ms per step of steady graph replays; then the kernels of one step
 (launches and time, the top ones) and of one whole call (prefill, cross-attention K/V, steps,
-results), so a change can be judged by what it removes. Also prints which graph
+results), so a change can be judged by what it removes. ``--encoder large-v3`` also profiles that
+encoder at batch 16 (its share of the matmul rate, and where its kernel time goes). Also prints which graph
 features the installed PyTorch offers (device while-loops, conditional nodes).
 """
 from __future__ import annotations
@@ -62,19 +63,26 @@ def feature_report() -> str:
     return "\n".join(lines)
 
 
-def kernel_table(fn, per: int, top: int, title: str) -> str:
-    """Run ``fn`` under the profiler; kernels and kernel time divided by ``per``, the top ones listed."""
+def kernel_table(fn, per: int, top: int, title: str, on: str = "cuda") -> str:
+    """Run ``fn`` under the profiler; kernels (ops, ``on="cpu"``) and their time divided by ``per``,
+    the top ones listed."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+    cuda = on == "cuda"
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         fn()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
+    wanted = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     kernels = collections.Counter()
     kernel_us = collections.Counter()
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        if event.device_type == wanted:
             kernels[event.name] += 1
-            kernel_us[event.name] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+            if not cuda:
+                kernel_us[event.name] += event.self_cpu_time_total
+            else:
+                kernel_us[event.name] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
     out = [f"{title}: {sum(kernels.values()) / per:.0f} kernels, kernel time {sum(kernel_us.values()) / per / 1e3:.3f} ms"]
     for name, us in kernel_us.most_common(top):
         out.append(f"  {us / per:8.1f} us {kernels[name] / per:6.1f}x  {name[:110]}")
@@ -125,6 +133,41 @@ def profile(size: str, batch: int, steps: int, repeats: int, top: int) -> str:
     return "\n".join(lines)
 
 
+@torch.inference_mode()
+def profile_encoder(size: str, batch: int, repeats: int, top: int, on: str = "cuda") -> str:
+    """The encoder over ``batch`` windows: ms (median), share of the measured fp16 matmul rate, and
+    where its kernel time goes (GEMMs, attention, norms, GELU, adds)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import whisper_peers as peers
+
+    device = torch.device(on)
+    dtype = torch.float16 if on == "cuda" else torch.float32
+    model = random_whisper(size, device, dtype)
+    mel = torch.randn(batch, model.dims.n_mels, 3000, device=device, dtype=dtype)
+    model.encoder(mel)
+    times = []
+    for _ in range(repeats):
+        if on == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.encoder(mel)
+        if on == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    ms = statistics.median(times)
+    rate = peers.encoder_flops(model.dims, batch) / ms / 1e9
+    peak = peers.matmul_tflops(device, dtype)
+    lines = [f"== encoder {size} B={batch}: {ms:.1f} ms, {rate:.0f} TFLOP/s = {100 * rate / peak:.0f}% of the "
+             f"measured matmul rate ({peak:.0f} TFLOP/s)"]
+    lines.append(kernel_table(lambda: model.encoder(mel), 1, top, "  per encoder call", on))
+    del model
+    torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", nargs="+", default=["tiny", "large-v3"])
@@ -132,9 +175,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--encoder", nargs="*", default=[], metavar="SIZE",
+                        help="also profile these sizes' encoders at batch 16 (e.g. large-v3)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}")
     print(feature_report(), flush=True)
+    for size in args.encoder:
+        print(profile_encoder(size, 16, args.repeats, args.top), flush=True)
     for size in args.sizes:
         for batch in args.batches:
             print(profile(size, batch, args.steps, args.repeats, args.top), flush=True)

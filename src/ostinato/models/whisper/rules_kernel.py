@@ -451,42 +451,26 @@ def fused_greedy_choice(
     return token, logprob, no_speech_prob
 
 
-def fused_greedy_step(
-    logits: Tensor,
-    layout: VocabLayout,
-    suppress: Tensor,
-    suppress_at_begin: Tensor,
-    timestamps: Tensor,
-    max_initial_timestamp: Tensor,
-    n_generated: Tensor,
-    last_token: Tensor,
-    penultimate_token: Tensor,
-    last_timestamp: Tensor,
-    sample_begin: Tensor,
-    banned: Optional[Tensor] = None,
-    *,
-    no_speech: int,
-    rows_state: dict,
-) -> None:
+def fused_greedy_step(logits: Tensor, layout: VocabLayout, *rule_state, no_speech: int, rows_state: dict) -> None:
     """``fused_greedy_choice`` and the step's bookkeeping in the same kernel, written in place.
 
-    ``rows_state`` holds the decoder's per-row buffers (the first B rows, rows on dim 0): ``token``
-    (in: the fed token; out: the next), ``position``, ``max_new``, ``done``, ``sum_logprob``,
-    ``no_speech``, ``no_speech_at_step``, ``out_tokens`` and ``prefix_tokens`` [B, n_ctx], and ``seen``
-    [B, V] or None (set when a repetition penalty is on). ``n_generated``, ``last_token``,
-    ``penultimate_token`` and ``last_timestamp`` are updated too. A finished row keeps its state
-    and feeds end-of-text; a forced prefix step takes the prefix token and scores 0.
+    ``rule_state``: ``apply_logit_rules``' arguments after the logits and layout, in its order
+    (``sample_begin`` included), as ``WindowDecoder._rule_state`` gives them; its ``n_generated``,
+    last, penultimate and last-timestamp tensors are updated. ``rows_state`` holds the decoder's
+    other per-row buffers (the first B rows, rows on dim 0): ``token`` (in: the fed token; out: the
+    next), ``position``, ``max_new``, ``done``, ``sum_logprob``, ``no_speech``, ``no_speech_at_step``,
+    ``out_tokens`` and ``prefix_tokens`` [B, n_ctx], and ``seen`` [B, V] or None (set when a
+    repetition penalty is on). A finished row keeps its state and feeds end-of-text; a forced prefix
+    step takes the prefix token and scores 0.
     """
+    if not 9 <= len(rule_state) <= 10 or rule_state[8] is None:
+        raise ValueError("fused_greedy_step: the rule state must run up to sample_begin (banned optional)")
+    rule_state = tuple(rule_state) + (None,) * (10 - len(rule_state))
     # Written in place: views that .contiguous() would copy would lose the writes.
     flat = [rows_state[name] for name in ("token", "position", "max_new", "sum_logprob", "no_speech", "done",
-                                          "no_speech_at_step")]
+                                          "no_speech_at_step")] + list(rule_state[4:8])
     tables = [rows_state["out_tokens"], rows_state["prefix_tokens"]] + (
         [rows_state["seen"]] if rows_state.get("seen") is not None else [])
-    if not all(t.is_contiguous() for t in flat + [n_generated, last_token, penultimate_token, last_timestamp]) \
-            or any(t.stride(1) != 1 for t in tables):
+    if not all(t.is_contiguous() for t in flat) or any(t.stride(1) != 1 for t in tables):
         raise ValueError("fused_greedy_step: the row state must be contiguous rows (it is written in place)")
-    _launch(
-        logits, layout, suppress, suppress_at_begin, timestamps, max_initial_timestamp, n_generated,
-        last_token, penultimate_token, last_timestamp, sample_begin, banned,
-        write=False, greedy=True, no_speech=no_speech, rows_state=rows_state,
-    )
+    _launch(logits, layout, *rule_state, write=False, greedy=True, no_speech=no_speech, rows_state=rows_state)
