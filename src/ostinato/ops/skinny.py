@@ -254,4 +254,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         TILES=plan["tiles"], SPLITS=plan["splits"], BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N,
         BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32, num_warps=4, num_stages=NUM_STAGES, **flags)
     return o
-
