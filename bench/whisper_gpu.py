@@ -5,9 +5,11 @@
 
 For each model size (random float16 weights, one set shared by all three implementations) and
 batch size, one run on one machine prints the decode ms per step of:
-  * ostinato, steady state: replays of the decode graph alone (K steps per replay), the per-step
-    cost the targets speak of; and per call: one whole decode call from the encoder output
-    (prefill, cross-attention K/V, the steps, results) divided by the steps, as the peers are timed;
+  * ostinato, steady state: the decode loop alone (one device while-loop launch that runs until
+    the rows finish, or on the rung below, replays of K unrolled steps), the per-step cost the
+    targets speak of; and per call: one whole decode call from the encoder output (prefill,
+    cross-attention K/V, the steps, results) divided by the steps, as the peers are timed;
+  * the same steady state on the K-step rung (device loop off), to show what the loop gives;
   * ostinato without its Triton kernels (plain PyTorch in the same graphs), to show what they give;
   * HF transformers' eager ``generate`` and openai-whisper's ``decode`` (bench/whisper_peers.py);
   * the bandwidth floor: bytes a step must read (weights + cross-attention K/V) over the measured
@@ -74,7 +76,7 @@ class OstinatoBench:
         return [request] * batch
 
     @torch.inference_mode()
-    def measure(self, batch: int, steps: int, repeats: int, triton: bool) -> dict:
+    def measure(self, batch: int, steps: int, repeats: int, triton: bool, device_loop: bool = True) -> dict:
         os.environ["OSTINATO_NO_TRITON"] = "0" if triton else "1"
         gc.collect()  # earlier decoders (reference cycles through their step graphs) and their graph pools
         torch.cuda.empty_cache()
@@ -82,7 +84,7 @@ class OstinatoBench:
         # Tensors alive now that are not the model's weights (the checkpoint's q/k/v tensors that packing
         # replaced, held for the peers) are not ostinato's: the peak below is counted without them.
         outside = torch.cuda.memory_allocated() - weights
-        decoder = WindowDecoder(self.model, self.tokenizer, self.device, buckets=(batch,))
+        decoder = WindowDecoder(self.model, self.tokenizer, self.device, buckets=(batch,), device_loop=device_loop)
         features = self.model.encoder(peers.random_mel(self.dims, batch).to(self.device, torch.float16))
         torch.cuda.reset_peak_memory_stats()  # the decode phase only: the encoder's activations are gone
         suppress = list(self.ids.suppress)
@@ -92,18 +94,35 @@ class OstinatoBench:
         if sorted({len(r.tokens) for r in results}) != [steps]:
             raise RuntimeError(f"forced length not reached: {sorted({len(r.tokens) for r in results})}")
         per_call = _events_ms(decode, repeats) / steps
-        # Steady state: replays of the captured graph alone, rows active for the whole span.
-        from ostinato.models.whisper.decoding import SearchOptions
-
-        run = decoder.start(SearchOptions(), suppress, [], batch)
-        run.admit(features, self.requests(batch, 448 - 8))
-        replays = max(1, steps // decoder.steps_per_replay)
-        step = _events_ms(lambda: [run.advance() for _ in range(replays)], repeats) / (replays * decoder.steps_per_replay)
+        step = self._steady_ms(decoder, features, batch, steps, repeats)
         row = dict(step_ms=step, call_ms=per_call, peak=torch.cuda.max_memory_allocated() - outside, held=held,
                    weights=weights, state=decoder.nbytes(), features=features.numel() * features.element_size(),
-                   mode=decoder.graph.mode(batch))
+                   mode=decoder.graph.rung(batch))
         os.environ.pop("OSTINATO_NO_TRITON", None)
         return row
+
+    def _steady_ms(self, decoder, features, batch: int, steps: int, repeats: int) -> float:
+        """ms per step of the decode loop alone, rows active throughout, without prefill or results."""
+        from ostinato.models.whisper.decoding import SearchOptions
+
+        suppress = list(self.ids.suppress)
+        if decoder.graph.rung(batch) != "device loop":
+            # Replays of K unrolled steps; the rows' budget outlasts every replay timed.
+            run = decoder.start(SearchOptions(), suppress, [], batch)
+            run.admit(features, self.requests(batch, 448 - 8))
+            replays = max(1, steps // decoder.steps_per_replay)
+            ms = _events_ms(lambda: [run.advance() for _ in range(replays)], repeats)
+            return ms / (replays * decoder.steps_per_replay)
+        # One launch runs until a row finishes: admit rows that all finish after exactly ``steps``.
+        times = []
+        for _ in range(repeats):
+            run = decoder.start(SearchOptions(), suppress, [], batch)
+            run.admit(features, self.requests(batch, steps))
+            times.append(_events_ms(run.advance, 1))
+            lengths = {len(r.tokens) for r in run.collect().values()}
+            if lengths != {steps} or run.busy:
+                raise RuntimeError(f"one device-loop launch should run every row {steps} steps: {sorted(lengths)}")
+        return statistics.median(times) / steps
 
     @torch.inference_mode()
     def encoder_ms(self, batch: int, repeats: int) -> float:
@@ -184,7 +203,9 @@ def main() -> None:
             if batch not in args.batches:
                 continue
             plain = bench.measure(batch, args.steps, args.repeats, triton=False)
+            unrolled = bench.measure(batch, args.steps, args.repeats, triton=True, device_loop=False)
             row = dict(size=size, batch=batch, step=fused["step_ms"], call=fused["call_ms"], plain=plain["step_ms"],
+                       unrolled=unrolled["step_ms"], unrolled_call=unrolled["call_ms"], rung=fused["mode"],
                        floor=peers.bandwidth_floor_ms(dims, batch, 2, copy_gbs))
             if not args.no_peers:
                 row["hf"] = peers.hf_ms_per_step(dims, state_dict, batch, args.steps, args.peer_repeats, device, torch.float16)
@@ -205,13 +226,16 @@ def main() -> None:
     e2e_row = e2e(args.e2e_model, args.clips, 16, 3) if args.e2e_model and args.clips else None
 
     print(f"\n== decode ms per step on {name}, float16, random weights, {args.steps} forced steps; medians ==")
-    header = f"{'model':<9}{'B':>4}{'ostinato step':>15}{'per call':>10}{'no Triton':>11}{'HF generate':>13}" \
-             f"{'openai-whisper':>16}{'floor':>8}{'vs HF':>8}"
+    print(f"(ostinato step / per call: on the {rows[0]['rung'] if rows else '?'} rung; K-step: the same with the "
+          f"device loop off)")
+    header = f"{'model':<9}{'B':>4}{'ostinato step':>15}{'per call':>10}{'K-step':>8}{'its call':>10}" \
+             f"{'no Triton':>11}{'HF generate':>13}{'openai-whisper':>16}{'floor':>8}{'vs HF':>8}"
     print(header)
     for r in rows:
         hf, ow = r.get("hf", float("nan")), r.get("openai", float("nan"))
-        print(f"{r['size']:<9}{r['batch']:>4}{r['step']:>15.3f}{r['call']:>10.3f}{r['plain']:>11.3f}{hf:>13.2f}"
-              f"{ow:>16.2f}{r['floor']:>8.3f}{hf / r['call']:>7.0f}x")
+        print(f"{r['size']:<9}{r['batch']:>4}{r['step']:>15.3f}{r['call']:>10.3f}{r['unrolled']:>8.3f}"
+              f"{r['unrolled_call']:>10.3f}{r['plain']:>11.3f}{hf:>13.2f}{ow:>16.2f}{r['floor']:>8.3f}"
+              f"{hf / r['call']:>7.0f}x")
     print("\n== peak GPU memory (decode phase) ==")
     for size, batch, m in memory:
         budget = m["weights"] + m["state"] + m["features"]

@@ -122,3 +122,25 @@ def test_step_graph_runs_k_steps_per_call_and_names_its_rung():
         StepGraph(lambda key: None, "cpu", steps_per_replay=0)
     assert loop_rung(torch.device("cpu"), True, 8).startswith("eager (no CUDA graphs on cpu")
     assert loop_rung(torch.device("cuda"), False, 8) == "eager (graphs disabled)"
+
+
+def test_loop_rung_names_why_there_is_no_device_loop():
+    from ostinato.runtime import device_loop, loop_rung
+
+    assert "this step has no loop guard" in loop_rung(torch.device("cuda"), True, 8)
+    why = device_loop.unavailable_reason("cuda")
+    rung = loop_rung(torch.device("cuda"), True, 8, guarded=True)
+    if why is None:
+        assert rung.startswith("device while-loop")
+    else:
+        assert rung == f"8 unrolled steps per graph replay (device while-loop: {why})"
+    assert device_loop.unavailable_reason("cpu") == "no CUDA graphs on cpu"
+
+
+def test_guarded_step_graph_runs_k_steps_per_call_eagerly():
+    """The guard only matters on the device loop: eagerly a call is still K steps, guard or not."""
+    calls = []
+    graph = StepGraph(lambda key: calls.append(key), "cpu", steps_per_replay=4,
+                      loop_guard=lambda key, entering: torch.tensor(False))
+    graph(1)
+    assert calls == [1, 1, 1, 1] and graph.rung(1) == "eager"

@@ -186,3 +186,84 @@ def test_unrolled_steps_per_replay_and_ladder_step_down():
     graph(4, x=torch.ones(4, device=device))
     torch.cuda.synchronize()
     assert state.tolist() == [4.0] * 4
+
+
+def _counting_loop(device, target: int, **options):
+    """A step that counts and accumulates; its guard keeps going while the count is under ``target``."""
+    count = torch.zeros(1, dtype=torch.int64, device=device)
+    total = torch.zeros(4, device=device)
+    limit = torch.tensor([target], device=device)
+
+    def step(rows, x):
+        count.add_(1)
+        total[:rows].add_(x * count)  # depends on the step number: a skipped or repeated step shows
+        return total[:rows]
+
+    def guard(rows, entering):
+        return count < limit
+
+    graph = StepGraph(step, device, loop_guard=guard, **options)
+    return graph, count, total
+
+
+def _needs_device_loop():
+    from ostinato.runtime import device_loop
+
+    why = device_loop.unavailable_reason("cuda")
+    if why is not None:
+        pytest.skip(f"no device while-loop here: {why}")
+
+
+def test_device_loop_runs_until_the_guard_turns_false():
+    _needs_device_loop()
+    device = torch.device("cuda")
+    graph, count, total = _counting_loop(device, target=10, steps_per_replay=3, warmup=1)
+    x = torch.ones(4, device=device)
+    graph.capture(4, x=x)
+    assert graph.rung(4) == "device loop"
+    count.zero_(), total.zero_()
+    graph(4, x=x)  # one launch: trips of 3 steps while count < 10 -> 4 trips, 12 steps
+    torch.cuda.synchronize()
+    assert count.item() == 12
+    assert total.tolist() == [float(sum(range(1, 13)))] * 4  # 1 + 2 + ... + 12, each step once
+    graph(4, x=2 * x)  # the guard is false on entry: no step runs
+    torch.cuda.synchronize()
+    assert count.item() == 12 and total.tolist() == [78.0] * 4
+    count.fill_(5)
+    graph(4, x=x)  # 5 -> 8 -> 11
+    torch.cuda.synchronize()
+    assert count.item() == 11
+
+
+def test_device_loop_stops_at_its_trip_limit():
+    _needs_device_loop()
+    device = torch.device("cuda")
+    graph, count, _ = _counting_loop(device, target=10**9, steps_per_replay=2, max_loop_trips=5)
+    x = torch.ones(4, device=device)
+    graph.capture(4, x=x)
+    count.zero_()
+    graph(4, x=x)
+    torch.cuda.synchronize()
+    assert count.item() == 10  # 5 trips of 2 steps, though the guard never turned false
+
+
+def test_device_loop_failure_steps_down_to_unrolled_steps(monkeypatch):
+    _needs_device_loop()
+    from ostinato.runtime import device_loop
+
+    def broken(self, head, body):
+        raise device_loop.DeviceLoopError("simulated: CUDA_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(device_loop.DeviceLoop, "assemble", broken)
+    device = torch.device("cuda")
+    graph, count, total = _counting_loop(device, target=10, steps_per_replay=3)
+    x = torch.ones(4, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph.capture(4, x=x)
+    assert graph.rung(4) == "K steps per replay"
+    assert len([w for w in caught if "3 unrolled steps" in str(w.message)]) == 1
+    count.zero_(), total.zero_()
+    graph(4, x=x)
+    torch.cuda.synchronize()
+    assert count.item() == 3 and total.tolist() == [6.0] * 4

@@ -9,6 +9,7 @@ from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, Windo
 from ostinato.models.whisper.loaders.vocab import vocabulary_layout, whisper_tokenizer_file
 from ostinato.models.whisper.modules import Whisper, fused_step_enabled
 from ostinato.models.whisper.tokenizer import WhisperTokenizer
+from ostinato.runtime import device_loop as device_loop_module
 
 from test_whisper_gpu import clip_samples
 
@@ -70,13 +71,21 @@ def test_random_tiny_size_model_graph_equals_eager(dtype):
     requests = [WindowRequest(prompt, True, 50, 40), WindowRequest(prompt, False, 50, 30),
                 WindowRequest(prompt + [tok.timestamp_begin], True, 50, 40)]
     suppress, begin = list(tok.suppressed_tokens([-1])), [tok.encode(" ")[0], tok.eot]
-    results = {}
-    for use_graphs in (True, False):
-        decoder = WindowDecoder(model, tok, "cuda", use_graphs=use_graphs, buckets=(4,), capacity=15)
+    results, rungs = {}, {}
+    # The device loop (rows finish at different steps, so it stops and is re-entered), the K-step
+    # graph, and eager.
+    for use_graphs, device_loop in ((True, True), (True, False), (False, False)):
+        decoder = WindowDecoder(model, tok, "cuda", use_graphs=use_graphs, buckets=(4,), capacity=15,
+                                device_loop=device_loop)
         with torch.inference_mode():
-            results[use_graphs] = [
+            results[use_graphs, device_loop] = [
                 [r.tokens for r in decoder.decode(features, requests, suppress, begin, options)]
                 for options in (SearchOptions(), SearchOptions(beam_size=5))
             ]
-    assert results[True] == results[False]
-    assert all(any(tokens) for tokens in results[True][0])
+        rungs[use_graphs, device_loop] = decoder.graph.rung(4)
+    assert results[True, True] == results[False, False]
+    assert results[True, False] == results[False, False]
+    assert all(any(tokens) for tokens in results[True, True][0])
+    looping = device_loop_module.unavailable_reason("cuda") is None
+    assert rungs[True, True] == ("device loop" if looping else "K steps per replay")
+    assert rungs[True, False] == "K steps per replay" and rungs[False, False] == "eager"

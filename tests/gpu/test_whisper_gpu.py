@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ostinato import WhisperModel
-from ostinato.runtime import duplicated_parameters
+from ostinato.runtime import device_loop, duplicated_parameters
 
 pytestmark = pytest.mark.gpu
 
@@ -59,6 +59,9 @@ def test_random_model_graph_equals_eager(data_dir, dtype, timestamps):
         assert got == want
     assert graph.decoder.graph.mode(1) == "graph"
     assert eager.decoder.graph.mode(1) == "eager"
+    looping = device_loop.unavailable_reason("cuda") is None
+    assert graph.decoder.graph.rung(1) == ("device loop" if looping else "K steps per replay")
+    assert graph.decoder.loop_rung.startswith("device while-loop" if looping else "8 unrolled steps")
 
 
 def test_graph_captured_once_and_state_stays_put(data_dir):

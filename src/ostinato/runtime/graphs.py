@@ -12,10 +12,12 @@ values, no allocation that must outlive a replay). This module decides how it ru
   replay overwrites them, so callers consume or copy them before replaying again.
 
 A call runs ``steps_per_replay`` steps (K): a captured graph holds K unrolled copies of the step,
-so the host launches once and may look at a done flag once per K steps. If capture fails (out of
-memory, an op that cannot be captured) the bucket steps down the ladder with one warning: a graph
-of one step replayed K times, else eager execution; results stay correct. ``loop_rung`` names the
-rung a device starts on (a device while-loop is not among them: see its docstring).
+so the host launches once and may look at a done flag once per K steps. A step given a
+``loop_guard`` goes one rung higher: a device while-loop (``device_loop``) repeats the K steps
+until the guard turns false, so the host launches once per call and syncs only when the guard
+says there is something to look at. If capture fails (out of memory, an op that cannot be
+captured, a driver error) the bucket steps down the ladder with one warning: K unrolled steps, a
+graph of one step replayed K times, else eager execution; results stay correct.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Any, Callable, Dict, Hashable, Optional
 import torch
 
 from ..errors import GraphInputError
+from . import device_loop
 
 log = logging.getLogger(__name__)
 
@@ -43,28 +46,27 @@ def graphs_supported(device: torch.device) -> bool:
 
 
 def while_loop_supported() -> bool:
-    """Whether this PyTorch can capture a graph into a device while-loop node."""
-    return hasattr(getattr(torch.cuda, "CUDAGraph", None), "begin_capture_to_while_node")
+    """Whether this process can run a step in a device while-loop (CUDA, cuda-python, a 12.4+ driver)."""
+    return torch.cuda.is_available() and device_loop.unavailable_reason("cuda") is None
 
 
-def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int) -> str:
+def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int, guarded: bool = False) -> str:
     """The decode-loop rung a device starts on, with the reason the rungs above it are out.
 
     The ladder: device while-loop -> K unrolled steps per replay (host reads a done flag once per
-    replay) -> one step per replay -> eager. The while-loop rung needs
-    ``CUDAGraph.begin_capture_to_while_node``, which no released PyTorch this runtime supports has
-    (torch 2.11 lacks it), so the top rung in practice is the K-step graph.
+    replay) -> one step per replay -> eager. ``guarded``: the step has a loop guard, without which
+    there is no while-loop to build. PyTorch cannot capture into a while node
+    (``CUDAGraph.begin_capture_to_while_node`` is in no release this runtime supports), so the loop
+    is built through cuda-python's conditional nodes (see ``device_loop``).
     """
     device = torch.device(device)
     if not use_graphs:
         return "eager (graphs disabled)"
     if not graphs_supported(device):
         return f"eager (no CUDA graphs on {device.type})"
-    why = (
-        "this PyTorch has begin_capture_to_while_node, but ostinato's while-loop rung is not built yet"
-        if while_loop_supported()
-        else f"torch {torch.__version__} has no CUDAGraph.begin_capture_to_while_node"
-    )
+    why = "this step has no loop guard" if not guarded else device_loop.unavailable_reason(device.type)
+    if why is None:
+        return f"device while-loop (CUDA conditional node through cuda-python), {steps_per_replay} steps per trip"
     if steps_per_replay > 1:
         return f"{steps_per_replay} unrolled steps per graph replay (device while-loop: {why})"
     return f"one step per graph replay (device while-loop: {why})"
@@ -72,10 +74,11 @@ def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int) -> 
 
 @dataclass
 class _Captured:
-    graph: Any  # torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph, or a device_loop.DeviceLoop
     inputs: Dict[str, torch.Tensor]
     outputs: Any
     repeats: int = 1  # replays per call: K when the K-step capture failed and one step was captured
+    rung: str = "graph"
 
 
 class StepGraph:
@@ -83,6 +86,13 @@ class StepGraph:
 
     The step receives its bucket key (e.g. the padded batch size) so it can work on the matching
     views of the persistent state; inputs are the per-call tensors copied into static buffers.
+
+    ``loop_guard(key, entering)``, if given, returns a one-element bool tensor on the device, computed
+    with graph-safe ops from the state: whether to run the K steps (again). It is called once as the
+    loop is entered (``entering=True``, where it may also note the state it compares against) and
+    after every K steps. On the while-loop rung a call runs until it returns False (or
+    ``max_loop_trips`` trips); on the rungs below, a call runs K steps: callers must be right with
+    either, e.g. by looking at their done flags after every call.
     """
 
     def __init__(
@@ -95,6 +105,8 @@ class StepGraph:
         pool: Optional[Any] = None,
         name: str = "step",
         steps_per_replay: int = 1,
+        loop_guard: Optional[Callable[[Hashable, bool], torch.Tensor]] = None,
+        max_loop_trips: int = 1024,
     ):
         if steps_per_replay < 1:
             raise ValueError("steps_per_replay must be at least 1")
@@ -104,6 +116,8 @@ class StepGraph:
         self.use_graphs = bool(use_graphs) and graphs_supported(self.device)
         self.warmup = warmup
         self.name = name
+        self.loop_guard = loop_guard
+        self.max_loop_trips = int(max_loop_trips)
         self._pool = pool
         self._captured: Dict[Hashable, _Captured] = {}
         self._eager_buckets: set = set()
@@ -124,6 +138,15 @@ class StepGraph:
             return "eager"
         return "graph" if key in self._captured else "uncaptured"
 
+    def rung(self, key: Hashable) -> str:
+        """How a call of ``key`` runs: 'device loop', 'K steps per replay', 'one step per replay', 'eager'."""
+        if self.mode(key) != "graph":
+            return self.mode(key)
+        entry = self._captured[key]
+        if entry.rung == "loop":
+            return "device loop"
+        return "K steps per replay" if entry.repeats == 1 and self.steps_per_replay > 1 else "one step per replay"
+
     # -- running -------------------------------------------------------------------------------
     def capture(self, key: Hashable, **inputs: torch.Tensor) -> None:
         """Capture the graph for ``key`` with example inputs (their shapes become the bucket's).
@@ -138,18 +161,24 @@ class StepGraph:
             if t.device != self.device:
                 raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
         failure = None
-        # Down the ladder: K unrolled steps, then one step replayed K times, then eager.
-        for unrolled in dict.fromkeys((self.steps_per_replay, 1)):
+        # Down the ladder: a device loop of K steps, K unrolled steps, one step replayed K times, eager.
+        rungs = [("graph", self.steps_per_replay), ("graph", 1)]
+        if self.loop_guard is not None and device_loop.unavailable_reason(self.device.type) is None:
+            rungs.insert(0, ("loop", self.steps_per_replay))
+        for rung, unrolled in dict.fromkeys(rungs):
             try:
-                graph, outputs = self._capture_steps(key, static, unrolled)
-            except Exception as exc:  # out of memory, an op that cannot be captured, ...
+                capture = self._capture_loop if rung == "loop" else self._capture_steps
+                graph, outputs = capture(key, static, unrolled)
+            except Exception as exc:  # out of memory, an op that cannot be captured, a driver error...
                 _recover_from_failed_capture(self.device)
                 failure = failure or exc
                 continue
-            self._captured[key] = _Captured(graph, static, outputs, self.steps_per_replay // unrolled)
+            self._captured[key] = _Captured(graph, static, outputs, self.steps_per_replay // unrolled, rung)
             if failure is not None:
-                self._warn(key, failure, f"replaying a one-step graph {self.steps_per_replay} times per call")
-            log.debug("captured %s for bucket %r (%d steps per replay)", self.name, key, unrolled)
+                action = (f"replaying {unrolled} unrolled steps per call" if unrolled > 1
+                          else f"replaying a one-step graph {self.steps_per_replay} times per call")
+                self._warn(key, failure, action)
+            log.debug("captured %s for bucket %r (%s of %d steps)", self.name, key, rung, unrolled)
             return
         self._eager_buckets.add(key)
         self._warn(key, failure, "running it eagerly")
@@ -163,6 +192,23 @@ class StepGraph:
             outputs = self._run(key, static, unrolled)
         torch.cuda.synchronize(self.device)
         return graph, outputs
+
+    def _capture_loop(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int):
+        """head (guard, gate) -> WHILE(K steps, guard, gate), captured by PyTorch, joined by the driver."""
+        self._warm_up(key, static, guarded=True)
+        loop = device_loop.DeviceLoop(self.device, self.max_loop_trips)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        head = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(head, pool=self._pool):
+            loop.gate(self.loop_guard(key, True), entering=True)
+        body = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(body, pool=self._pool):
+            outputs = self._run(key, static, unrolled)
+            loop.gate(self.loop_guard(key, False), entering=False)
+        loop.assemble(head, body)
+        torch.cuda.synchronize(self.device)
+        return loop, outputs
 
     def _run(self, key: Hashable, inputs: Dict[str, torch.Tensor], steps: int):
         outputs = None
@@ -179,7 +225,7 @@ class StepGraph:
             stacklevel=3,
         )
 
-    def _warm_up(self, key: Hashable, static: Dict[str, torch.Tensor]) -> None:
+    def _warm_up(self, key: Hashable, static: Dict[str, torch.Tensor], guarded: bool = False) -> None:
         """Run the step on a side stream; a host sync in it raises here, before any capture begins."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -191,6 +237,8 @@ class StepGraph:
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     self.step(key, **static)
+                    if guarded:
+                        self.loop_guard(key, True), self.loop_guard(key, False)
         finally:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
@@ -199,7 +247,8 @@ class StepGraph:
         torch.cuda.synchronize(self.device)
 
     def __call__(self, key: Hashable, **inputs: torch.Tensor):
-        """Run ``steps_per_replay`` steps; returns the last step's outputs."""
+        """Run ``steps_per_replay`` steps (or, on the device loop, until the guard stops it); returns the
+        last step's outputs."""
         if not self.use_graphs or key in self._eager_buckets:
             return self._run(key, inputs, self.steps_per_replay)
         entry = self._captured.get(key)
@@ -209,6 +258,9 @@ class StepGraph:
             if entry is None:  # capture fell back to eager
                 return self._run(key, inputs, self.steps_per_replay)
         self._bind(entry, inputs)
+        if entry.rung == "loop":
+            entry.graph.launch()
+            return entry.outputs
         for _ in range(entry.repeats):
             entry.graph.replay()
         return entry.outputs

@@ -152,10 +152,13 @@ class WindowDecoder:
         buckets: Sequence[int] = (1,),
         steps_per_replay: int = 8,
         capacity: int = 1,
+        device_loop: bool = True,
     ):
         """``buckets``: batch sizes of plain greedy calls (one graph each). ``capacity``: rows the
         state holds at least, for beam search (windows x beam) and sampling (windows x best_of).
-        ``steps_per_replay``: steps per graph replay (and per look at the done flags)."""
+        ``steps_per_replay``: steps per graph replay (and per look at the done flags).
+        ``device_loop``: greedy and sampling calls loop on the device until a row finishes, where
+        the device can (beam search keeps K steps per replay: its graphs are keyed by a length bound)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -172,9 +175,13 @@ class WindowDecoder:
         if fused_step_supported(self.device, dtype, dims.n_text_state // dims.n_text_head):
             model.decoder.pack_self_attention()  # one q/k/v projection kernel per fused step; same values
         graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay)
+        if device_loop:
+            # Enough trips for a row to run from the first position to the last of the text context.
+            trips = dims.n_text_ctx // self.steps_per_replay + 2
+            graph_options.update(loop_guard=self._loop_guard, max_loop_trips=trips)
         self.graph = StepGraph(self._step, device, name="whisper decode step", **graph_options)
         self.sample_graph = StepGraph(self._step, device, name="whisper sampling step", **graph_options)
-        self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay)
+        self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=device_loop)
         self._beam = None
         self.seed(0)
 
@@ -244,6 +251,7 @@ class WindowDecoder:
         st.allocate("temperature", (1,), f32, 1.0)
         st.allocate("repetition_penalty", (1,), f32, 1.0)
         st.allocate("rng_key", (rows,), i64)  # each row's sampling seed (32 bits)
+        st.allocate("finished_at_entry", (1,), i64)  # rows done when the device loop was entered
         token_hash = st.allocate("token_hash", (dims.n_vocab,), i64)
         token_hash.copy_(mix32(torch.arange(dims.n_vocab, dtype=torch.int64)))
         return st
@@ -280,6 +288,17 @@ class WindowDecoder:
             _, rows, sample, penalize, ngram = key
             return rows, sample, penalize, ngram
         return key, False, False, 0
+
+    def _loop_guard(self, key, entering: bool) -> Tensor:
+        """Whether the device loop runs K more steps: not once a row has finished since the loop was
+        entered (its window can be collected and the row refilled), nor when no row is active."""
+        rows = self._parse_key(key)[0]
+        finished = self.state["done"][:rows].sum()
+        mark = self.state["finished_at_entry"]
+        if entering:
+            mark.copy_(finished)
+            return finished < rows
+        return finished == mark
 
     def _step(self, key) -> None:
         rows, sample, penalize, ngram = self._parse_key(key)
