@@ -23,3 +23,13 @@ def test_import_without_triton():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_pdl_only_on_cuda_and_can_be_switched_off(monkeypatch):
+    import torch
+
+    from ostinato.ops.triton_support import pdl_options
+
+    assert pdl_options(torch.device("cpu")) == {"PDL": False}  # no launch_pdl keyword for the interpreter
+    monkeypatch.setenv("OSTINATO_NO_PDL", "1")
+    assert pdl_options(torch.device("cuda", 0)) == {"PDL": False}

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from .triton_support import HAVE_TRITON, arrival_counters, cuda_kernels_available, sm_count, tl, triton
+from .triton_support import (
+    HAVE_TRITON, arrival_counters, cuda_kernels_available, pdl_options, sm_count, tl, triton,
+)
+
+if HAVE_TRITON:
+    from .triton_support import pdl_enter
 
 LOG2E = 1.4426950408889634
 PROGRAMS_PER_SM = 2  # enough resident programs to keep loads in flight on every SM
@@ -67,12 +72,14 @@ if HAVE_TRITON:
                       S, chunk, qk_scale,
                       sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, snk_b, snk_h, snv_b, snv_h, so_b, so_h,
                       H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
-                      HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr):
+                      HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
         """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
         With several splits (SPLITS: their count rounded up to a power of 2) it writes (acc, max, sum),
         and the last of the (b, h) to arrive combines them; with one it writes the normalised output.
         With HAS_NEW the key/value at length - 1 come from nk/nv, and the chunk holding it stores them
         into the cache (no other program reads that position, so no ordering is needed)."""
+        if PDL:
+            pdl_enter()
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
@@ -211,5 +218,5 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
-        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS, **pdl_options(q.device))
     return out

@@ -24,7 +24,12 @@ from __future__ import annotations
 
 import torch
 
-from .triton_support import HAVE_TRITON, arrival_counters, cuda_kernels_available, sm_count, tl, triton
+from .triton_support import (
+    HAVE_TRITON, arrival_counters, cuda_kernels_available, pdl_options, sm_count, tl, triton,
+)
+
+if HAVE_TRITON:
+    from .triton_support import pdl_enter
 
 PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in flight
 BLOCK_N = 64  # weight rows per program
@@ -88,11 +93,14 @@ if HAVE_TRITON:
     def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, lock_ptr, M, N, K, sxm, swn, srm, som,
                        TILES: tl.constexpr, SPLITS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr):
+                       FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr,
+                       PDL: tl.constexpr):
         """Program (column block, K chunk, row block): acc[BLOCK_M, BLOCK_N] over TILES BLOCK_K tiles.
         Only the last chunk runs past K (its loads are masked), so every program has the same
         compile-time trip count, which the compiler pipelines (and a runtime loop bound would not run
         in the interpreter under numpy 2.4, whose scalars there are 1-element arrays)."""
+        if PDL:
+            pdl_enter()
         pid_n = tl.program_id(0)
         split = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -137,9 +145,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _add_layer_norm_kernel(x_ptr, u_ptr, w_ptr, b_ptr, nx_ptr, y_ptr, N, eps, sxm, sum_, snm, sym,
-                               BLOCK: tl.constexpr, HAS_U: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+                               BLOCK: tl.constexpr, HAS_U: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                               PDL: tl.constexpr):
         """Row r: new_x = x + u rounded to the dtype (what the unfused ``x + u`` stores, and what the
         next layer adds to), then LayerNorm of that rounded row in float32."""
+        if PDL:
+            pdl_enter()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         ok = cols < N
@@ -210,7 +221,7 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
         x2, u2, weight if weight is not None else x2, bias if bias is not None else x2, nx2, y2, n, eps,
         x2.stride(0), u2.stride(0), nx2.stride(0), y2.stride(0), BLOCK=block,
         HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        num_warps=max(1, min(8, block // 256)))  # ~8 elements per thread
+        num_warps=max(1, min(8, block // 256)), **pdl_options(x.device))  # ~8 elements per thread
     return nx, y
 
 
@@ -252,5 +263,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _linear_kernel[(plan["n_blocks"], plan["splits"], plan["m_blocks"])](
         x2, weight, b, r2, o2, ws, locks, m, n, k, x2.stride(0), weight.stride(0), r2.stride(0), o2.stride(0),
         TILES=plan["tiles"], SPLITS=plan["splits"], BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N,
-        BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32, num_warps=4, num_stages=NUM_STAGES, **flags)
+        BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32, num_warps=4, num_stages=NUM_STAGES, **flags,
+        **pdl_options(x.device))
     return o

@@ -3,6 +3,12 @@
 Triton is optional (the CPU build and CI have none): importing this module never fails, and
 ``HAVE_TRITON`` says whether ``triton``/``tl`` are real. ``OSTINATO_NO_TRITON=1`` switches every
 kernel off (the plain PyTorch paths run instead), e.g. to compare the two on one machine.
+
+Programmatic dependent launch (PDL, Hopper and newer): a kernel launched with ``pdl_options``
+may be scheduled while the kernel before it on the stream is still running; its first act,
+``pdl_enter``, waits until that kernel has finished and its writes are visible, then lets the next
+kernel be scheduled in turn. What overlaps is launch and scheduling, never memory traffic, so the
+results are those of plain stream order. ``OSTINATO_NO_PDL=1`` switches it off.
 """
 from __future__ import annotations
 
@@ -21,6 +27,22 @@ except Exception:  # pragma: no cover
     tl = None
     HAVE_TRITON = False
 
+_gdc = None
+if HAVE_TRITON:  # pragma: no cover - depends on the installation
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+        _gdc = (gdc_wait, gdc_launch_dependents)
+    except ImportError:  # a Triton without griddepcontrol: no PDL
+        pass
+
+    @triton.jit
+    def pdl_enter():
+        """First statement of a kernel launched with PDL: wait for the previous kernel, then release
+        the next one. (Called only under a PDL constexpr, so never traced where Triton lacks it.)"""
+        gdc_wait()
+        gdc_launch_dependents()
+
 
 def triton_enabled() -> bool:
     return HAVE_TRITON and os.environ.get("OSTINATO_NO_TRITON") != "1"
@@ -33,6 +55,20 @@ def cuda_kernels_available(device) -> bool:
     if isinstance(device, torch.Tensor):
         device = device.device
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(index: int) -> bool:
+    return _gdc is not None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_options(device: torch.device) -> dict:
+    """Launch keywords for a kernel with a ``PDL`` constexpr that begins with ``if PDL: pdl_enter()``."""
+    if device.type != "cuda" or os.environ.get("OSTINATO_NO_PDL") == "1":
+        return {"PDL": False}
+    if not _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()):
+        return {"PDL": False}
+    return {"PDL": True, "launch_pdl": True}
 
 
 @functools.lru_cache(maxsize=None)

@@ -44,10 +44,12 @@ from torch import Tensor
 
 from .logit_rules import VocabLayout
 
-from ...ops.triton_support import HAVE_TRITON, cuda_kernels_available, tl, triton  # noqa: F401
+from ...ops.triton_support import HAVE_TRITON, cuda_kernels_available, pdl_options, tl, triton  # noqa: F401
 
 libdevice = None
 if HAVE_TRITON:  # pragma: no cover - depends on the installation
+    from ...ops.triton_support import pdl_enter
+
     try:
         from triton.language.extra import libdevice
     except Exception:
@@ -144,8 +146,10 @@ if HAVE_TRITON:
         NO_SPEECH: tl.constexpr,
         HAS_SAMPLE_BEGIN: tl.constexpr, HAS_BANNED: tl.constexpr,
         WRITE: tl.constexpr, GREEDY: tl.constexpr, ADVANCE: tl.constexpr, HAS_SEEN: tl.constexpr,
-        PRECISE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_TS: tl.constexpr,
+        PRECISE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_TS: tl.constexpr, PDL: tl.constexpr,
     ):
+        if PDL:
+            pdl_enter()
         row = tl.program_id(0).to(tl.int64)
         neg = float("-inf")
         x_row = logits_ptr + row * stride_l
@@ -386,7 +390,7 @@ def _launch(
         HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
         WRITE=write, GREEDY=greedy, ADVANCE=advance, HAS_SEEN=advance and seen is not None,
         PRECISE=(libdevice is not None and not _interpreting()),
-        BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS,
+        BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS, **pdl_options(logits.device),
     )
     return out, token, logprob, no_speech_prob
 
