@@ -1,9 +1,6 @@
 """The engine: device choice, one copy of weights, persistent device state, step graphs."""
 from .device import resolve_device, resolve_dtype, strict_float32
-from .graphs import (
-    DEFAULT_BUCKETS, StepGraph, bucket_for, graphs_supported, loop_rung,
-    while_loop_supported,
-)
+from .graphs import DEFAULT_BUCKETS, StepGraph, bucket_for, graphs_supported, loop_rung
 from .state import DeviceState
 from .weights import MemoryReport, duplicated_parameters, memory_report, place_module, storage_bytes
 
@@ -16,7 +13,6 @@ __all__ = [
     "duplicated_parameters",
     "graphs_supported",
     "loop_rung",
-    "while_loop_supported",
     "memory_report",
     "place_module",
     "resolve_device",

@@ -45,11 +45,6 @@ def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
 
 
-def while_loop_supported() -> bool:
-    """Whether this process can run a step in a device while-loop (CUDA, cuda-python, a 12.4+ driver)."""
-    return torch.cuda.is_available() and device_loop.unavailable_reason("cuda") is None
-
-
 def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int, guarded: bool = False) -> str:
     """The decode-loop rung a device starts on, with the reason the rungs above it are out.
 
@@ -238,7 +233,8 @@ class StepGraph:
                 for _ in range(self.warmup):
                     self.step(key, **static)
                     if guarded:
-                        self.loop_guard(key, True), self.loop_guard(key, False)
+                        self.loop_guard(key, True)
+                        self.loop_guard(key, False)
         finally:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)

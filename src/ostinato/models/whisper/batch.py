@@ -221,7 +221,7 @@ class BatchTranscriber:
         return options, suppress, suppress_at_begin
 
     def _decode(self) -> None:
-        """Admit waiting windows into free rows, run one replay, hand back finished windows."""
+        """Admit waiting windows into free rows, advance the run once, hand back finished windows."""
         run = self._run
         if self._pending and (run is None or (not run.busy and self._key(self._pending[0]) != self._run_key)):
             self._run_key = self._key(self._pending[0])

@@ -5,8 +5,10 @@ cross-attention K/V of the current windows, token and rule buffers), all allocat
 largest batch size and written in place. A decode step is a plain function of that state: it
 runs the decoder on each row's current token, applies Whisper's logit rules, picks the next token
 and feeds it back into the state, masking rows that are done. The runtime's ``StepGraph`` runs it
-eagerly (CPU, ``use_graphs=False``) or as a replayed CUDA graph per batch bucket holding
-``steps_per_replay`` unrolled steps; the host looks at the done flags once per replay.
+eagerly (CPU, ``use_graphs=False``) or as a CUDA graph per batch bucket holding
+``steps_per_replay`` unrolled steps, repeated on the device until a row finishes (a device
+while-loop) or, on the rung below, replayed once per call; the host looks at the done flags
+once per call.
 
 Windows are decoded in *runs* (``WindowDecoder.start``): a run fixes the search options and the
 row count, captures its graphs, then admits windows into free row groups at any time, so a
@@ -666,12 +668,13 @@ class GreedyRun(WindowSlots):
         return slots
 
     def advance(self) -> None:
-        """``steps_per_replay`` steps of every row (finished rows are masked)."""
+        """Step every row (finished rows are masked): on the device loop until a row finishes, else
+        ``steps_per_replay`` steps."""
         self.graph(self.key)
 
     def collect(self) -> Dict[int, WindowResult]:
         """Results of the windows that finished since the last look; their slots become free."""
-        done = self.decoder.state["done"][: self.rows].tolist()  # the one host sync per replay
+        done = self.decoder.state["done"][: self.rows].tolist()  # the one host sync per advance
         finished = [slot for slot, first in self._busy.items() if all(done[first : first + self.per])]
         if not finished:
             return {}
