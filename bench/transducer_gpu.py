@@ -12,7 +12,8 @@ on about 30% of frames a label with a duration of 1-3 frames, elsewhere a blank 
 Which label is emitted still comes from the random weights and the prediction network. Both
 decoders see the same encoder output, so their tokens must agree (checked).
 
-Prints, per batch size: decode time (ostinato graph / ostinato eager / plain eager loop) and
+Prints, per batch size: decode time (ostinato on its best rung, normally the device loop / on the
+K-step rung / eager / a plain eager loop) and
 end-to-end audio seconds per second (features + encoder + decode) for both; and the encoder's
 FLOP count per audio second against the measured dense matmul rate.
 """
@@ -27,86 +28,11 @@ import numpy as np
 import torch
 
 from ostinato.models.transducer.model import TransducerModel, TransducerNetwork
-from ostinato.models.transducer.nemo_checkpoint import EncoderConfig, PreprocessorConfig, TransducerConfig
-from ostinato.models.transducer.tokenizer import NORMAL, UNKNOWN, SentencePieceDecoder
-
-DURATIONS = [0, 1, 2, 3, 4]
-
-
-def parakeet_tdt_v2_config() -> TransducerConfig:
-    return TransducerConfig(
-        preprocessor=PreprocessorConfig(features=128, pad_to=0),
-        encoder=EncoderConfig(feat_in=128, n_layers=24, d_model=1024, n_heads=8, ff_expansion_factor=4,
-                              subsampling_factor=8, subsampling_conv_channels=256, conv_kernel_size=9),
-        vocab_size=1024, pred_hidden=640, pred_layers=2, joint_hidden=640, durations=DURATIONS, max_symbols=10,
-    )
-
-
-def fake_tokenizer(n: int) -> SentencePieceDecoder:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    pieces = [("<unk>", UNKNOWN)] + [(("\u2581" if i % 3 == 0 else "") + letters[i % 26] + letters[(i // 26) % 26], NORMAL)
-                                     for i in range(1, n)]
-    return SentencePieceDecoder(pieces)
-
-
-# reserved encoder channels / joint hidden units that carry the forced pattern
-BLANK_UNIT, LABEL_UNIT, DUR_UNIT0 = 0, 1, 2
-
-
-def random_network(cfg: TransducerConfig, device, dtype, seed: int = 0) -> TransducerNetwork:
-    torch.manual_seed(seed)
-    with torch.device(device):
-        net = TransducerNetwork(cfg)
-    with torch.no_grad():
-        h = cfg.pred_hidden
-        for w in net.prednet.weights:
-            w.normal_(0, 1 / math.sqrt(h))
-        net.prednet.embed.weight.normal_(0, 0.5)
-        net.prednet.embed.weight[cfg.blank_id].zero_()
-        joint = net.joint
-        v1 = cfg.vocab_size + 1
-        k = DUR_UNIT0 + len(DURATIONS)
-        # the pattern units read only their encoder channel; nothing else writes to them
-        joint.enc.weight[:k].zero_()
-        joint.enc.bias[:k].zero_()
-        joint.pred.weight[:k].zero_()
-        joint.pred.bias[:k].zero_()
-        for u in range(k):
-            joint.enc.weight[u, u] = 1.0
-        joint.out.weight[:, :k].zero_()
-        big = 50.0
-        joint.out.weight[cfg.blank_id, BLANK_UNIT] = big  # blank frames
-        joint.out.weight[: cfg.vocab_size, LABEL_UNIT] = big  # label frames: every label lifted alike
-        for j in range(len(DURATIONS)):
-            joint.out.weight[v1 + j, DUR_UNIT0 + j] = big
-    return net.to(dtype)
-
-
-def pattern(frames: int, seed: int) -> torch.Tensor:
-    """[frames, channels] values for the reserved channels: blank or label, and the duration."""
-    rng = np.random.default_rng(seed)
-    k = DUR_UNIT0 + len(DURATIONS)
-    p = np.zeros((frames, k), dtype=np.float32)
-    label = rng.random(frames) < 0.3
-    p[label, LABEL_UNIT] = 1.0
-    p[~label, BLANK_UNIT] = 1.0
-    dur = np.where(label, rng.integers(1, 4, frames), rng.integers(1, 5, frames))
-    p[np.arange(frames), DUR_UNIT0 + dur] = 1.0
-    return torch.from_numpy(p)
-
-
-def install_pattern(net: TransducerNetwork, seed: int = 1) -> None:
-    table = pattern(100_000, seed)
-
-    def hook(module, inputs, output):
-        x, lengths = output
-        k = table.shape[1]
-        x = x.clone()
-        x[:, :, :k] = table[: x.shape[1]].to(x.device, x.dtype)[None]
-        return x, lengths
-
-    net.encoder.register_forward_hook(hook)
-
+from ostinato.models.transducer.nemo_checkpoint import TransducerConfig
+from ostinato.testing.measure import matmul_tflops
+from ostinato.testing.random_models import (
+    fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_transducer_network,
+)
 
 @torch.inference_mode()
 def plain_eager_decode(net: TransducerNetwork, cfg: TransducerConfig, enc, lengths, max_symbols: int):
@@ -169,21 +95,6 @@ def encoder_flops_per_second(cfg: TransducerConfig, seconds: float) -> float:
     return 2 * macs
 
 
-def matmul_rate(device, dtype) -> float:
-    n = 8192 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    _sync()
-    reps = 20 if device.type == "cuda" else 1
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    _sync()
-    return 2 * n ** 3 * reps / (time.perf_counter() - start)
-
-
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -221,7 +132,7 @@ def main() -> None:
     cfg = parakeet_tdt_v2_config()
     if args.layers is not None:
         cfg.encoder.n_layers = args.layers
-    net = random_network(cfg, device, dtype)
+    net = random_transducer_network(cfg, device, dtype)
     install_pattern(net)
     params = sum(p.numel() for p in net.parameters())
     tok = fake_tokenizer(cfg.vocab_size)
@@ -229,8 +140,13 @@ def main() -> None:
                                          steps_per_replay=args.steps_per_replay)
     eager = TransducerModel.from_network(net, cfg, tok, device=args.device, compute_type=args.dtype, use_graphs=False,
                                          steps_per_replay=args.steps_per_replay)
+    # the rung below the device loop: graphs of steps_per_replay steps, the host reads the rows' flags per replay
+    kstep = TransducerModel.from_network(net, cfg, tok, device=args.device, compute_type=args.dtype,
+                                         steps_per_replay=args.steps_per_replay,
+                                         decode_loop="kstep" if device.type == "cuda" else "eager")
+    print(f"decode loop: {graph.decoder.loop_rung}")
     assert eager.network.encoder.layers[0].ff1.linear1.weight is graph.network.encoder.layers[0].ff1.linear1.weight
-    rate = matmul_rate(device, dtype)
+    rate = matmul_tflops(device, dtype, n=8192 if device.type == "cuda" else 1024) * 1e12
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name}, torch {torch.__version__}, {args.dtype}")
     print(f"model: Parakeet-TDT-0.6B-v2 architecture, random weights, {params / 1e6:.0f}M parameters")
@@ -250,6 +166,8 @@ def main() -> None:
         graph.decoder.decode(enc, enc_len, args.max_symbols)  # capture this bucket
         t_graph, hyps = timed(lambda: graph.decoder.decode(enc, enc_len, args.max_symbols), args.repeats)
         t_eager, hyps_eager = timed(lambda: eager.decoder.decode(enc, enc_len, args.max_symbols), 1)
+        kstep.decoder.decode(enc, enc_len, args.max_symbols)  # capture this bucket
+        t_kstep, hyps_kstep = timed(lambda: kstep.decoder.decode(enc, enc_len, args.max_symbols), args.repeats)
         n_plain = batch if args.plain_limit <= 0 else min(batch, args.plain_limit)
         t_plain, plain = timed(lambda: plain_eager_decode(net, cfg, enc[:n_plain], enc_len[:n_plain], args.max_symbols),
                                args.repeats if n_plain <= 4 else 1)
@@ -259,23 +177,27 @@ def main() -> None:
         for i in range(batch):
             assert (hyps[i].tokens, hyps[i].frames, hyps[i].durations) == (
                 hyps_eager[i].tokens, hyps_eager[i].frames, hyps_eager[i].durations), f"row {i}: graph != eager"
+            assert (hyps[i].tokens, hyps[i].frames, hyps[i].durations) == (
+                hyps_kstep[i].tokens, hyps_kstep[i].frames, hyps_kstep[i].durations), f"row {i}: graph != K-step"
         same = sum((hyps[i].tokens, hyps[i].frames, hyps[i].durations) == plain[i] for i in range(n_plain))
         print(f"batch {batch}: ostinato == plain loop on {same}/{n_plain} utterances", flush=True)
         t_e2e, _ = timed(lambda: graph.transcribe_batch(audios, batch_size=batch, max_symbols=args.max_symbols),
                          args.repeats)
         tokens = sum(len(h.tokens) for h in hyps)
-        rows.append((batch, total_audio, tokens, t_feat, t_enc, flops, t_graph, t_eager, t_plain_all, t_e2e,
+        rows.append((batch, total_audio, tokens, t_feat, t_enc, flops, t_graph, t_kstep, t_eager, t_plain_all, t_e2e,
                      n_plain < batch))
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
     print()
-    print(f"{'batch':>5} {'audio s':>8} {'tokens':>7} | {'decode: graph':>13} {'eager':>8} {'plain':>9} {'speedup':>8} | "
+    print(f"{'batch':>5} {'audio s':>8} {'tokens':>7} | {'decode: graph':>13} {'K-step':>9} {'eager':>8} {'plain':>9} "
+          f"{'speedup':>8} | "
           f"{'e2e audio-s/s: ostinato':>23} {'plain':>8} | {'encoder':>8} {'TFLOP/s':>8} {'of peak':>7}")
-    for (batch, audio, tokens, t_feat, t_enc, flops, t_graph, t_eager, t_plain, t_e2e, scaled) in rows:
+    for (batch, audio, tokens, t_feat, t_enc, flops, t_graph, t_kstep, t_eager, t_plain, t_e2e, scaled) in rows:
         plain_e2e = audio / (t_feat + t_enc + t_plain)
         mark = "*" if scaled else " "
-        print(f"{batch:>5} {audio:>8.0f} {tokens:>7} | {t_graph * 1e3:>10.1f} ms {t_eager * 1e3:>5.0f} ms "
+        print(f"{batch:>5} {audio:>8.0f} {tokens:>7} | {t_graph * 1e3:>10.1f} ms {t_kstep * 1e3:>6.1f} ms "
+              f"{t_eager * 1e3:>5.0f} ms "
               f"{t_plain * 1e3:>6.0f} ms{mark} {t_plain / t_graph:>7.1f}x | {audio / t_e2e:>23.0f} {plain_e2e:>8.0f} | "
               f"{t_enc * 1e3:>5.0f} ms {flops / t_enc / 1e12:>8.1f} {flops / t_enc / rate:>6.0%}")
     print("\n* plain-loop time measured on the first --plain-limit utterances and scaled to the batch")

@@ -15,7 +15,9 @@ import time
 import numpy as np
 import torch
 
-from transducer_gpu import fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_network
+from ostinato.testing.random_models import (
+    fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_transducer_network,
+)
 
 from ostinato.models.transducer.model import TransducerModel
 
@@ -27,7 +29,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     cfg = parakeet_tdt_v2_config()
-    net = random_network(cfg, torch.device(args.device), getattr(torch, args.dtype))
+    net = random_transducer_network(cfg, torch.device(args.device), getattr(torch, args.dtype))
     install_pattern(net)
     model = TransducerModel.from_network(net, cfg, fake_tokenizer(cfg.vocab_size), device=args.device,
                                          compute_type=args.dtype)

@@ -27,21 +27,19 @@ import gc
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import whisper_peers as peers  # noqa: E402
 
-from ostinato.models.whisper.decoding import WindowDecoder, WindowRequest  # noqa: E402
+from ostinato.models.whisper.decoding import GreedyKey, WindowDecoder, WindowRequest, window_jobs  # noqa: E402
 from ostinato.models.whisper.loaders.vocab import vocabulary_layout, whisper_tokenizer_file  # noqa: E402
 from ostinato.models.whisper.modules import Whisper, fused_step_supported  # noqa: E402
 from ostinato.models.whisper.tokenizer import WhisperTokenizer  # noqa: E402
 from ostinato.runtime import storage_bytes  # noqa: E402
+from ostinato.testing.random_models import random_mel, random_whisper_checkpoint  # noqa: E402
 
 
 def _events_ms(fn, repeats: int) -> float:
@@ -84,8 +82,9 @@ class OstinatoBench:
         # Tensors alive now that are not the model's weights (the checkpoint's q/k/v tensors that packing
         # replaced, held for the peers) are not ostinato's: the peak below is counted without them.
         outside = torch.cuda.memory_allocated() - weights
-        decoder = WindowDecoder(self.model, self.tokenizer, self.device, buckets=(batch,), device_loop=device_loop)
-        features = self.model.encoder(peers.random_mel(self.dims, batch).to(self.device, torch.float16))
+        decoder = WindowDecoder(self.model, self.tokenizer, self.device, buckets=(batch,),
+                                 decode_loop="auto" if device_loop else "kstep")
+        features = self.model.encoder(random_mel(self.dims, batch).to(self.device, torch.float16))
         torch.cuda.reset_peak_memory_stats()  # the decode phase only: the encoder's activations are gone
         suppress = list(self.ids.suppress)
         decode = lambda: decoder.decode(features, self.requests(batch, steps), suppress, [])  # noqa: E731
@@ -97,7 +96,7 @@ class OstinatoBench:
         step = self._steady_ms(decoder, features, batch, steps, repeats)
         row = dict(step_ms=step, call_ms=per_call, peak=torch.cuda.max_memory_allocated() - outside, held=held,
                    weights=weights, state=decoder.nbytes(), features=features.numel() * features.element_size(),
-                   mode=decoder.graph.rung(batch))
+                   mode=decoder.graph.rung(GreedyKey(batch)))
         os.environ.pop("OSTINATO_NO_TRITON", None)
         return row
 
@@ -106,10 +105,10 @@ class OstinatoBench:
         from ostinato.models.whisper.decoding import SearchOptions
 
         suppress = list(self.ids.suppress)
-        if decoder.graph.rung(batch) != "device loop":
+        if decoder.graph.rung(GreedyKey(batch)) != "device loop":
             # Replays of K unrolled steps; the rows' budget outlasts every replay timed.
             run = decoder.start(SearchOptions(), suppress, [], batch)
-            run.admit(features, self.requests(batch, 448 - 8))
+            run.admit(window_jobs(features, self.requests(batch, 448 - 8)))
             replays = max(1, steps // decoder.steps_per_replay)
             ms = _events_ms(lambda: [run.advance() for _ in range(replays)], repeats)
             return ms / (replays * decoder.steps_per_replay)
@@ -117,7 +116,7 @@ class OstinatoBench:
         times = []
         for _ in range(repeats):
             run = decoder.start(SearchOptions(), suppress, [], batch)
-            run.admit(features, self.requests(batch, steps))
+            run.admit(window_jobs(features, self.requests(batch, steps)))
             times.append(_events_ms(run.advance, 1))
             lengths = {len(r.tokens) for r in run.collect().values()}
             if lengths != {steps} or run.busy:
@@ -126,7 +125,7 @@ class OstinatoBench:
 
     @torch.inference_mode()
     def encoder_ms(self, batch: int, repeats: int) -> float:
-        mel = peers.random_mel(self.dims, batch).to(self.device, torch.float16)
+        mel = random_mel(self.dims, batch).to(self.device, torch.float16)
         self.model.encoder(mel)
         return _events_ms(lambda: self.model.encoder(mel), repeats)
 
@@ -190,7 +189,7 @@ def main() -> None:
           f"fp16 matmul {tflops:.0f} TFLOP/s", flush=True)
     rows, plot_rows, memory, encoder = [], [], [], {}
     for size in args.sizes:
-        dims, state_dict = peers.random_checkpoint(size, device="cuda")
+        dims, state_dict = random_whisper_checkpoint(size, device="cuda")
         bench = OstinatoBench(dims, state_dict, device)
         for batch in sorted(set(args.batches) | set(args.sweep)):
             try:

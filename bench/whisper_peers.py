@@ -1,6 +1,6 @@
 """The peers of ostinato's Whisper decoder for bench/whisper_gpu.py, on the same random weights.
 
-    from whisper_peers import DIMS, random_checkpoint, hf_ms_per_step, openai_ms_per_step, ...
+    from whisper_peers import DIMS, hf_ms_per_step, openai_ms_per_step, ...   (weights: ostinato.testing)
     PYTHONPATH=src:.carry/pylib python bench/whisper_peers.py --smoke     (a short CPU self-check)
 
 Three implementations decode the same forced number of tokens from the same float16 weights:
@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from ostinato.models.whisper.config import OFFICIAL_DIMS, WhisperDims
-from ostinato.models.whisper.loaders.checkpoint import expected_shapes
-from ostinato.models.whisper.modules import sinusoids
+from ostinato.testing.measure import copy_bandwidth_gbs, matmul_tflops, whisper_encoder_flops as encoder_flops
+from ostinato.testing.random_models import StateDict, random_mel, random_whisper_checkpoint
 
 # Official sizes (OpenAI's dims: n_mels, n_audio_ctx, n_audio_state, n_audio_head, n_audio_layer,
 # n_vocab, n_text_ctx, n_text_state, n_text_head, n_text_layer).
@@ -48,40 +48,9 @@ assert DIMS["tiny"] == WhisperDims(80, 1500, 384, 6, 4, 51865, 448, 384, 6, 4)
 assert DIMS["small"] == WhisperDims(80, 1500, 768, 12, 12, 51865, 448, 768, 12, 12)
 assert DIMS["large-v3"] == WhisperDims(128, 1500, 1280, 20, 32, 51866, 448, 1280, 20, 32)
 
-StateDict = Dict[str, torch.Tensor]
-_LAYER_NORMS = {"attn_ln", "cross_attn_ln", "mlp_ln", "ln", "ln_post"}
 
 
 # -- weights ------------------------------------------------------------------------------------
-def random_checkpoint(
-    size: Union[str, WhisperDims], seed: int = 0, dtype: torch.dtype = torch.float16, device="cpu",
-    std: float = 0.02,
-) -> Tuple[WhisperDims, StateDict]:
-    """Random weights in OpenAI's layout: (dims, state_dict), every tensor ``dtype`` on ``device``.
-
-    ``size`` is a name of DIMS/OFFICIAL_DIMS or a WhisperDims. Linear, conv and embedding weights
-    and all biases are N(0, std) (std 0.02 by default); LayerNorm weights 1 + N(0, 0.1) and biases N(0, 0.02) (not
-    exactly 1 and 0, so that a swapped layer-norm mapping shows in the logits); the encoder's
-    position table is Whisper's fixed sinusoids. Values are drawn straight in ``dtype`` from one
-    seeded generator: large-v3 (1.55 G parameters) takes seconds on CPU, less with device="cuda".
-    """
-    dims = size if isinstance(size, WhisperDims) else OFFICIAL_DIMS[size]
-    generator = torch.Generator(device=device).manual_seed(seed)
-    state: StateDict = {}
-    for name, shape in expected_shapes(dims).items():
-        if name == "encoder.positional_embedding":
-            state[name] = sinusoids(*shape).to(device=device, dtype=dtype)
-            continue
-        t = torch.empty(shape, dtype=dtype, device=device)
-        module, kind = name.split(".")[-2:]
-        if module in _LAYER_NORMS and kind == "weight":
-            t.normal_(1.0, 0.1, generator=generator)
-        else:
-            t.normal_(0.0, std, generator=generator)
-        state[name] = t
-    return dims, state
-
-
 def save_openai_checkpoint(dims: WhisperDims, state_dict: StateDict, path) -> Path:
     """Write an OpenAI ``.pt``: {"dims": {...}, "model_state_dict": {...}} (CPU tensors).
 
@@ -121,12 +90,6 @@ def special_ids(dims: WhisperDims) -> SpecialIds:
     suppress = tuple(sorted(set(tok.suppressed_tokens([-1])) | {tok.eot}))
     return SpecialIds(tok.eot, tok.sot, tok.sot_prev, tok.sot_lm, tok.no_timestamps, tok.transcribe,
                       tok.translate, english, prompt, suppress)
-
-
-def random_mel(dims: WhisperDims, batch: int, seed: int = 0) -> torch.Tensor:
-    """[batch, n_mels, 2 * n_audio_ctx] float32 on CPU, in the range of Whisper's log-mel input."""
-    g = torch.Generator().manual_seed(seed)
-    return (0.5 * torch.randn(batch, dims.n_mels, 2 * dims.n_audio_ctx, generator=g)).clamp_(-1.5, 1.5)
 
 
 # -- timing -----------------------------------------------------------------------------------
@@ -423,58 +386,6 @@ def openai_ms_per_step(
 
 
 # -- the machine's rates and the floors -------------------------------------------------------
-def copy_bandwidth_gbs(device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
-    """Device-to-device copy rate in GB/s (1e9 B/s), counting bytes read + bytes written (2 x nbytes).
-
-    Median over ``repeats`` copies of one ``nbytes`` buffer, timed with CUDA events on CUDA
-    (perf_counter elsewhere). On a GPU the read and the written bytes share the memory bus, so
-    this is the rate at which DRAM moves bytes in either direction.
-    """
-    device = torch.device(device)
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up
-    times = []
-    for _ in range(max(1, repeats)):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        else:
-            t = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t)
-    return 2 * nbytes / statistics.median(times) / 1e9
-
-
-def matmul_tflops(device, dtype=torch.float16, n: int = 8192, repeats: int = 10) -> float:
-    """Dense n x n x n matmul rate in TFLOP/s (2 n^3 per product), median over ``repeats``."""
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    c = a @ b
-    for _ in range(2):
-        torch.matmul(a, b, out=c)
-    times = []
-    for _ in range(max(1, repeats)):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.matmul(a, b, out=c)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        else:
-            t = time.perf_counter()
-            torch.matmul(a, b, out=c)
-            times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / statistics.median(times) / 1e12
-
-
 def decoder_step_weights(dims: WhisperDims) -> int:
     """Parameters one decode step reads whatever the batch: per layer self-attention q, k, v, out
     (k has no bias), cross-attention q and out (its K/V projections run once per window, not per
@@ -515,20 +426,6 @@ def bandwidth_floor_ms(
     halve the rate and double this floor.)
     """
     return decode_bytes_per_step(dims, batch, dtype_bytes, self_kv_len) / (copy_gbs * 1e9) * 1e3
-
-
-def encoder_flops(dims: WhisperDims, batch: int = 1) -> float:
-    """FLOPs (2 x multiply-adds) of the encoder forward over ``batch`` 30-s windows.
-
-    conv1 (n_mels -> d, kernel 3, 2 x n_audio_ctx frames), conv2 (d -> d, kernel 3, stride 2,
-    n_audio_ctx frames), and per layer: q, k, v, out projections (4 n d^2), attention scores and
-    their product with V (2 n^2 d), the MLP (8 n d^2). Layer norms, GELU, softmax and the
-    additions are elementwise and left out (well under 1%).
-    """
-    n, d = dims.n_audio_ctx, dims.n_audio_state
-    convs = d * dims.n_mels * 3 * (2 * n) + d * d * 3 * n
-    per_layer = 4 * n * d * d + 2 * n * n * d + 8 * n * d * d
-    return 2.0 * batch * (convs + dims.n_audio_layer * per_layer)
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -621,7 +518,7 @@ def _smoke() -> None:
 
     # std 0.2 rather than the benchmark's 0.02: at 0.02 the tiny random model repeats one token in
     # every row, which would not show a wrong KV cache or a wrong row order.
-    dims, state = random_checkpoint(SMOKE_DIMS, seed=0, dtype=torch.float32, std=0.2)
+    dims, state = random_whisper_checkpoint(SMOKE_DIMS, seed=0, dtype=torch.float32, std=0.2)
     ids = special_ids(dims)
     batch, steps = 3, 12
     mel = random_mel(dims, batch, seed=1)

@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from whisper_profile import forced_requests, random_whisper, tokenizer_for
+from ostinato.testing.random_models import forced_requests, random_whisper, whisper_tokenizer
 
-from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder
+from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, window_jobs
 
 
 def timed_call(decoder, features, requests, suppress) -> dict:
@@ -31,7 +31,7 @@ def timed_call(decoder, features, requests, suppress) -> dict:
     mark("begin")
     run = decoder.start(SearchOptions(), suppress, [], len(requests))
     mark("start")
-    run.admit(features, requests)
+    run.admit(window_jobs(features, requests))
     mark("admit")
     launches, results = 0, {}
     while run.busy:
@@ -59,10 +59,10 @@ def main() -> None:
     print(f"{'model':<9}{'B':>4}  {'rung':<12}{'calls ms':>10}{'start':>8}{'admit':>8}{'loop':>8}{'launches':>10}")
     for size in args.sizes:
         model = random_whisper(size, device, torch.float16)
-        tok = tokenizer_for(model.dims.n_vocab)
+        tok = whisper_tokenizer(model.dims.n_vocab)
         for batch in args.batches:
-            decoders = {name: WindowDecoder(model, tok, device, buckets=(batch,), device_loop=loop)
-                        for name, loop in (("device loop", True), ("K-step", False))}
+            decoders = {name: WindowDecoder(model, tok, device, buckets=(batch,), decode_loop=loop)
+                        for name, loop in (("device loop", "device"), ("K-step", "kstep"))}
             features = model.encoder(torch.randn(batch, model.dims.n_mels, 3000, device=device, dtype=torch.float16))
             requests, suppress = forced_requests(tok, batch, args.steps)
             rows = {name: [] for name in decoders}

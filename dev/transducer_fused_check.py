@@ -2,37 +2,20 @@
 
     TRITON_INTERPRET=1 PYTHONPATH=src:/path/to/triton python dev/transducer_fused_check.py
 """
-import math
-import sys
 
 import torch
 
-sys.path.insert(0, "bench")
+from ostinato import settings  # noqa: E402
 from ostinato.models.transducer import kernels  # noqa: E402
-from ostinato.models.transducer.decoder import Joint, PredictionNetwork  # noqa: E402
 from ostinato.models.transducer.label_looping import LabelLoopingDecoder  # noqa: E402
-
-
-def make(vocab, hidden, joint_hidden, durations, dtype, seed=0, blank_boost=0.3):
-    torch.manual_seed(seed)
-    p = PredictionNetwork(vocab, hidden, 2)
-    for w in p.weights:
-        w.data.normal_(0, 1 / math.sqrt(hidden))
-    for b in p.biases:
-        b.data.normal_(0, 0.1)
-    p.embed.weight.data.normal_(0, 1)
-    j = Joint(48, hidden, joint_hidden, vocab + 1 + len(durations), "relu")
-    j.out.weight.data.mul_(3.0)
-    with torch.no_grad():
-        j.out.bias[vocab] += blank_boost
-    return p.to(dtype).eval(), j.to(dtype).eval()
+from ostinato.testing.random_models import random_prediction_and_joint  # noqa: E402
 
 
 def main():
-    assert kernels._INTERPRET and kernels.HAVE_TRITON
+    assert settings.triton_interpreter() and kernels.HAVE_TRITON
     dtype = torch.float16
     for durations in ([0, 1, 2, 3, 4], []):
-        p, j = make(40, 32, 32, durations, dtype)
+        p, j = random_prediction_and_joint(40, 32, 32, durations, dtype)
         enc = torch.randn(3, 23, 48).to(dtype)
         lengths = torch.tensor([23, 17, 5])
         results = {}
@@ -66,7 +49,6 @@ if __name__ == "__main__":
 
 
 def check_relpos():
-    import math as _m
     from ostinato.models.transducer.encoder import RelPositionAttention, relative_positions
     torch.manual_seed(0)
     b, t, h, dk = 2, 70, 2, 16

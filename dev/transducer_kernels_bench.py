@@ -114,10 +114,9 @@ def main():
     print("CONFIG =", kernels.CONFIG)
     if "--bench" in sys.argv:
         sys.argv = ["bench/transducer_gpu.py"] + sys.argv[sys.argv.index("--bench") + 1:]
-        sys.path.insert(0, "bench")
-        import transducer_gpu
+        import runpy
 
-        transducer_gpu.main()
+        runpy.run_path("bench/transducer_gpu.py", run_name="__main__")
 
 
 if __name__ == "__main__":

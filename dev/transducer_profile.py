@@ -6,16 +6,17 @@ steps-per-replay. Writes nothing but stdout.
 """
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, "bench")
-from transducer_gpu import fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_network  # noqa: E402
+from ostinato.testing.random_models import (  # noqa: E402
+    fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_transducer_network,
+)
 
+from ostinato.models.transducer.label_looping import TransducerKey, Utterance  # noqa: E402
 from ostinato.models.transducer.model import TransducerModel  # noqa: E402
 
 
@@ -48,11 +49,11 @@ def main():
     cfg = parakeet_tdt_v2_config()
     dev = torch.device("cuda")
     tok = fake_tokenizer(cfg.vocab_size)
-    net = random_network(cfg, dev, torch.float16)
+    net = random_transducer_network(cfg, dev, torch.float16)
     m16 = TransducerModel.from_network(net, cfg, tok, device="cuda", compute_type="float16")
 
     # -- accuracy: float16 (fused kernels and not) against float32 --------------------------------
-    net32 = random_network(cfg, dev, torch.float32)
+    net32 = random_transducer_network(cfg, dev, torch.float32)
     m32 = TransducerModel.from_network(net32, cfg, tok, device="cuda", compute_type="float32")
     auds, _ = audios_for(4, 5)
     feats, fl = m32.features(auds)
@@ -104,16 +105,16 @@ def main():
                                          steps_per_replay=2)
     dec = eager.decoder
     hyps = dec.decode(enc1, el1, 10)
+    key = TransducerKey(1)
     with torch.inference_mode():
-        dec._ensure_capacity(1, enc1.shape[1], 10)
-        dec._prepare(1, enc1, el1, 10)
-        dec._replay_step(1)
+        dec.open_run(1, enc1.shape[1], 10).admit([Utterance(enc1[0], int(el1[0]))])
+        dec._replay_step(key)
         sync()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            dec._replay_step(1)
+            dec._replay_step(key)
             sync()
     kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    print(f"two decode steps (fused={dec.fused}): {len(kern)} kernels incl. the any-active reduce: "
+    print(f"two decode steps (fused={dec.fused}): {len(kern)} kernels: "
           + ", ".join(f"{e.name[:40]} {e.device_time:.1f}us" for e in kern))
     steps = None
     for spr in (8, 16):
@@ -128,9 +129,9 @@ def main():
     same = [(h.tokens, h.frames, h.durations) for h in got] == [(h.tokens, h.frames, h.durations) for h in hyps]
     n_steps = 0
     with torch.inference_mode():
-        dec._prepare(1, enc1, el1, 10)
+        dec.open_run(1, enc1.shape[1], 10).admit([Utterance(enc1[0], int(el1[0]))])
         while bool(dec.state["active"][0]):
-            dec._replay_step(1)
+            dec._replay_step(key)
             n_steps += 2
     print(f"batch 1: {n_steps} label-looping steps")
     print(f"unfused graph decode: {timed(lambda: unfused.decoder.decode(enc1, el1, 10), 5) * 1e3:.2f} ms; same tokens as fused: {same}")

@@ -89,7 +89,6 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     torch.set_num_threads(1)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from decode_attention_check import patch_interpreter_index
 
         patch_interpreter_index()

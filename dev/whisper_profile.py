@@ -18,36 +18,9 @@ import time
 
 import torch
 
-from ostinato.models.whisper.config import OFFICIAL_DIMS
-from ostinato.models.whisper.decoding import WindowDecoder, WindowRequest
-from ostinato.models.whisper.loaders.vocab import vocabulary_layout, whisper_tokenizer_file
-from ostinato.models.whisper.modules import Whisper
-from ostinato.models.whisper.tokenizer import WhisperTokenizer
-
-
-def random_whisper(size: str, device, dtype) -> Whisper:
-    dims = OFFICIAL_DIMS[size]
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Whisper(dims)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("positional_embedding") and "decoder" in name:
-                p.normal_(0, 0.01)
-            elif p.dim() == 1 and "ln" in name and name.endswith("weight"):
-                p.fill_(1.0)
-    return model.to(dtype).eval().requires_grad_(False)
-
-
-def tokenizer_for(n_vocab: int) -> WhisperTokenizer:
-    multilingual, languages = vocabulary_layout(n_vocab)
-    return WhisperTokenizer(whisper_tokenizer_file(n_vocab), multilingual, languages)
-
-
-def forced_requests(tok: WhisperTokenizer, batch: int, steps: int):
-    sot = tok.sot_sequence("en", "transcribe") if tok.multilingual else [tok.sot]
-    request = WindowRequest(prompt=list(sot), timestamps=True, max_initial_timestamp_index=50, max_new_tokens=steps)
-    return [request] * batch, list(tok.suppressed_tokens([-1])) + [tok.eot]
+from ostinato.models.whisper.decoding import WindowDecoder, window_jobs
+from ostinato.testing.measure import matmul_tflops, whisper_encoder_flops
+from ostinato.testing.random_models import forced_requests, random_whisper, whisper_tokenizer
 
 
 def feature_report() -> str:
@@ -98,10 +71,10 @@ def kernel_table(fn, per: int, top: int, title: str, on: str = "cuda") -> str:
 def profile(size: str, batch: int, steps: int, repeats: int, top: int) -> str:
     device = torch.device("cuda")
     model = random_whisper(size, device, torch.float16)
-    tok = tokenizer_for(model.dims.n_vocab)
+    tok = whisper_tokenizer(model.dims.n_vocab)
     # The K-step rung: its replays can be timed and profiled a fixed number of steps at a time (the
     # device loop runs the same kernels plus one gate kernel per trip; bench/whisper_gpu.py times both).
-    decoder = WindowDecoder(model, tok, device, buckets=(batch,), device_loop=False)
+    decoder = WindowDecoder(model, tok, device, buckets=(batch,), decode_loop="kstep")
     mel = torch.randn(batch, model.dims.n_mels, 3000, device=device, dtype=torch.float16)
     features = model.encoder(mel)
     requests, suppress = forced_requests(tok, batch, steps)
@@ -120,7 +93,7 @@ def profile(size: str, batch: int, steps: int, repeats: int, top: int) -> str:
 
     run = decoder.start(SearchOptions(), suppress, [], batch)
     long_requests, _ = forced_requests(tok, batch, 448 - 8)
-    run.admit(features, long_requests)
+    run.admit(window_jobs(features, long_requests))
     replays = max(1, steps // decoder.steps_per_replay)
     per_step = replays * decoder.steps_per_replay
     run.advance()
@@ -144,12 +117,6 @@ def profile(size: str, batch: int, steps: int, repeats: int, top: int) -> str:
 def profile_encoder(size: str, batch: int, repeats: int, top: int, on: str = "cuda") -> str:
     """The encoder over ``batch`` windows: ms (median), share of the measured fp16 matmul rate, and
     where its kernel time goes (GEMMs, attention, norms, GELU, adds)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import whisper_peers as peers
-
     device = torch.device(on)
     dtype = torch.float16 if on == "cuda" else torch.float32
     model = random_whisper(size, device, dtype)
@@ -165,8 +132,8 @@ def profile_encoder(size: str, batch: int, repeats: int, top: int, on: str = "cu
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     ms = statistics.median(times)
-    rate = peers.encoder_flops(model.dims, batch) / ms / 1e9
-    peak = peers.matmul_tflops(device, dtype)
+    rate = whisper_encoder_flops(model.dims, batch) / ms / 1e9
+    peak = matmul_tflops(device, dtype)
     lines = [f"== encoder {size} B={batch}: {ms:.1f} ms, {rate:.0f} TFLOP/s = {100 * rate / peak:.0f}% of the "
              f"measured matmul rate ({peak:.0f} TFLOP/s)"]
     lines.append(kernel_table(lambda: model.encoder(mel), 1, top, "  per encoder call", on))

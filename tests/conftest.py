@@ -1,14 +1,10 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
-# Let the tests run from a checkout without installing (the device machine runs them that way).
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
+import pytest
+
 from ostinato.models.whisper.decoding import SearchOptions, WindowResult
 
 REFS = Path(__file__).parent / "data" / "refs" / "faster_whisper_tiny_en_decoding.json"
@@ -93,7 +95,9 @@ def run_replayed(model, monkeypatch, audio_path: str, reference: dict):
 def assert_matches(segments, replay: Replay, reference: dict, avg_logprob_tol: float = 1e-4) -> None:
     for check in replay.checks:
         assert check.got == check.want, f"call {check.index}: tokens differ"
-        assert check.got_score == pytest_approx(check.want_score, 1e-4), f"call {check.index}: score"
+        # A score sums a log-probability per token in float32: relative to its size, the rounding of
+        # the CPU's vector units (which differ between machines) can reach a few 1e-5.
+        assert check.got_score == pytest.approx(check.want_score, rel=1e-4, abs=1e-4), f"call {check.index}: score"
         assert check.got_no_speech == pytest_approx(check.want_no_speech, 1e-4), f"call {check.index}: no-speech"
     want = reference["segments"]
     assert [s.tokens for s in segments] == [w["tokens"] for w in want]

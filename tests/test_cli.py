@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import types
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,10 @@ except Exception:  # the package __init__ is being edited elsewhere; the CLI doe
     sys.modules["ostinato"] = _pkg
     from ostinato import cli
 
+from ostinato import loading
 from ostinato.errors import AudioError, InvalidOptionError, ModelLoadError
-from ostinato.models.whisper.types import Segment, TranscriptionInfo
+from ostinato.models.whisper.options import TranscribeOptions
+from ostinato.results import Segment, TranscriptionInfo
 
 
 def seg(i, start, end, text):
@@ -35,10 +38,11 @@ class FakeModel:
 
     created = []
 
-    def __init__(self, model=None, device="auto", compute_type="auto", use_graphs=True):
+    def __init__(self, model=None, device="auto", compute_type="auto", decode_loop="auto"):
         if model == "no/such/model":
             raise ModelLoadError("cannot load model from no/such/model: not a directory")
-        self.options = dict(model=model, device=device, compute_type=compute_type, use_graphs=use_graphs)
+        self.options = dict(model=model, device=device, compute_type=compute_type, decode_loop=decode_loop)
+        self.device, self.dtype, self.model_path = device, compute_type, model
         self.calls = []
         FakeModel.created.append(self)
 
@@ -69,13 +73,13 @@ class NoModel:
 @pytest.fixture
 def fake_model(monkeypatch):
     FakeModel.created = []
-    monkeypatch.setattr(cli, "_whisper_model_class", lambda: FakeModel)
+    monkeypatch.setattr(loading, "load_model", lambda model, **kw: FakeModel(model, **kw))
     return FakeModel
 
 
 @pytest.fixture
 def no_model(monkeypatch):
-    monkeypatch.setattr(cli, "_whisper_model_class", lambda: NoModel)
+    monkeypatch.setattr(loading, "load_model", lambda model, **kw: NoModel(**kw))
 
 
 @pytest.fixture
@@ -130,13 +134,13 @@ def test_options_reach_the_model(fake_model, audio, tmp_path, capsys):
     assert rc == 0
     assert capsys.readouterr().out == ""  # --quiet
     (model,) = fake_model.created
-    assert model.options == dict(model="some/ckpt", device="cuda:1", compute_type="float16", use_graphs=False)
-    assert model.calls[0][1] == dict(
+    assert model.options == dict(model="some/ckpt", device="cuda:1", compute_type="float16", decode_loop="eager")
+    assert model.calls[0][1] == asdict(TranscribeOptions(
         language="de", task="translate", beam_size=3, temperature=0.4,
         initial_prompt="Glossary: ostinato.", without_timestamps=True, best_of=2, patience=1.5,
         length_penalty=0.5, condition_on_previous_text=False, seed=7, clip_timestamps="1.5,20",
         hotwords="ostinato", prefix="Hello",
-    )
+    ))
     assert [p.name for p in tmp_path.glob("*.txt")] == ["a.txt"]
 
 
@@ -149,13 +153,11 @@ def test_defaults(fake_model, audio, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["transcribe", audio("a.wav")]) == 0
     (model,) = fake_model.created
-    assert model.options == dict(model=None, device="auto", compute_type="auto", use_graphs=True)
+    assert model.options == dict(model=None, device="auto", compute_type="auto", decode_loop="auto")
     # faster-whisper's defaults: beam search, then sampling at rising temperatures.
-    assert model.calls[0][1] == dict(
-        language=None, task="transcribe", beam_size=5, temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-        initial_prompt=None, without_timestamps=False, best_of=5, patience=1.0, length_penalty=1.0,
-        condition_on_previous_text=True,
-    )
+    called = model.calls[0][1]
+    assert called == asdict(TranscribeOptions())
+    assert (called["beam_size"], called["best_of"], called["temperature"]) == (5, 5, (0.0, 0.2, 0.4, 0.6, 0.8, 1.0))
     assert sorted(p.name for p in tmp_path.glob("a.*")) == ["a.json", "a.srt", "a.tsv", "a.txt", "a.vtt"]
 
 
@@ -315,7 +317,7 @@ def test_python_dash_m_help():
 # --- word timestamps and word-level subtitle options ----------------------------------------------
 
 def test_word_options_reach_model_and_writers(fake_model, audio, tmp_path, monkeypatch):
-    from ostinato.models.whisper.types import Word
+    from ostinato.results import Word
 
     words = [Word(0.0, 0.5, " Hello", 0.9), Word(0.5, 1.0, " there,", 0.9), Word(1.2, 2.0, " general", 0.8),
              Word(2.0, 3.0, " Kenobi.", 0.7)]
@@ -340,7 +342,7 @@ def test_word_options_reach_model_and_writers(fake_model, audio, tmp_path, monke
 
 def test_no_word_options_without_the_flag(fake_model, audio, tmp_path):
     assert cli.main(["transcribe", audio("a.wav"), "-o", str(tmp_path), "-q"]) == 0
-    assert "word_timestamps" not in fake_model.created[0].calls[0][1]
+    assert fake_model.created[0].calls[0][1]["word_timestamps"] is False
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -352,8 +354,18 @@ def test_no_word_options_without_the_flag(fake_model, audio, tmp_path):
     (["--word-timestamps", "--max-line-width", "0"], "--max-line-width"),
     (["--word-timestamps", "--max-words-per-line", "-2"], "--max-words-per-line"),
     (["--word-timestamps", "--hallucination-silence-threshold", "-1"], "--hallucination-silence-threshold"),
-    (["--word-timestamps", "--model", "x.nemo"], "Whisper"),
 ])
 def test_bad_word_options_exit_2_before_loading(no_model, audio, capsys, args, fragment):
     assert cli.main(["transcribe", audio("a.wav"), *args]) == 2
     assert_one_error_line(capsys.readouterr().err, fragment)
+
+
+def test_whisper_options_are_refused_for_a_transducer_whatever_its_name(no_model, audio, data_dir, tmp_path, capsys):
+    """The family comes from the checkpoint's contents: a .nemo archive saved under another name is
+    still a transducer, and every Whisper option given to it is named in one line."""
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes((data_dir / "transducer" / "tiny_tdt.nemo").read_bytes())
+    rc = cli.main(["transcribe", audio("a.wav"), "--model", str(renamed), "--beam-size", "3", "--language", "fr",
+                   "--word-timestamps"])
+    assert rc == 2
+    assert_one_error_line(capsys.readouterr().err, "--beam-size", "--language", "--word-timestamps", "transducer")

@@ -8,15 +8,3 @@ def test_rules_kernel_in_interpreter():
     out = run_dev_check("rules_kernel_check.py", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "rules kernel == torch: True", out.stdout
-
-
-def test_import_and_availability_without_a_gpu(monkeypatch):
-    """The module imports (Triton or not) and never offers the kernel for the CPU or when disabled."""
-    import torch
-
-    from ostinato.models.whisper.rules_kernel import available
-
-    assert not available("cpu")
-    assert not available(torch.zeros(1))
-    monkeypatch.setenv("OSTINATO_NO_TRITON", "1")
-    assert not available("cuda")

@@ -144,3 +144,18 @@ def test_guarded_step_graph_runs_k_steps_per_call_eagerly():
                       loop_guard=lambda key, entering: torch.tensor(False))
     graph(1)
     assert calls == [1, 1, 1, 1] and graph.rung(1) == "eager"
+
+
+def test_concat_rows_is_a_view_of_consecutive_slices_and_a_copy_otherwise():
+    from ostinato.runtime import concat_rows
+
+    batch = torch.arange(24.0).reshape(4, 3, 2)
+    rows = [batch[i : i + 1] for i in range(1, 4)]
+    joined = concat_rows(rows)
+    assert torch.equal(joined, batch[1:4]) and joined.data_ptr() == batch[1].data_ptr()  # no copy
+    shuffled = concat_rows([batch[2:3], batch[0:1]])
+    assert torch.equal(shuffled, torch.cat([batch[2:3], batch[0:1]]))
+    assert shuffled.data_ptr() != batch.data_ptr()
+    other = torch.zeros(1, 3, 2)
+    assert torch.equal(concat_rows([batch[0:1], other]), torch.cat([batch[0:1], other]))
+    assert concat_rows([batch[3:4]]) is not None and torch.equal(concat_rows([batch[3:4]]), batch[3:4])

@@ -124,6 +124,31 @@ def test_batch_equals_single(models, inputs, kind):
         assert (got.tokens, got.frames, got.durations) == (alone.tokens, alone.frames, alone.durations), name
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_are_refilled_as_utterances_end(models, inputs, kind, monkeypatch):
+    """Five utterances through two rows: an utterance that ends hands its row to the next at once,
+    and every result is the one the utterance gets alone."""
+    from ostinato.models.transducer import label_looping
+
+    model = models[kind]
+    names = ["c02_numbers", "syn_tiny", "c06_pink10_scotland", "syn_chirp", "c01_hello_short"]
+    admissions = []
+    admit = label_looping.TransducerRun.admit
+
+    def recording(run, utterances):
+        admissions.append((run.busy, len(utterances)))
+        return admit(run, utterances)
+
+    monkeypatch.setattr(label_looping.TransducerRun, "admit", recording)
+    batched = model.transcribe_batch([inputs[n] for n in names], batch_size=2, max_symbols=3)
+    monkeypatch.undo()
+    assert any(busy for busy, _ in admissions), "no utterance was admitted while another was decoding"
+    assert sum(n for _, n in admissions) == len(names)
+    for name, got in zip(names, batched):
+        alone = model.transcribe(inputs[name], max_symbols=3)
+        assert (got.tokens, got.frames, got.durations) == (alone.tokens, alone.frames, alone.durations), name
+
+
 def test_result_fields(models, inputs):
     model = models["tdt"]
     r = model.transcribe(inputs["c03_questions_f3"], max_symbols=10)

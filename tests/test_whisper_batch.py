@@ -45,9 +45,9 @@ def test_greedy_batch_equals_alone_with_refills(model, data_dir, monkeypatch):
     admissions = []
     admit = decoding.GreedyRun.admit
 
-    def recording(run, features, requests, batch_prefix=False):
-        admissions.append((run.busy, len(requests)))
-        return admit(run, features, requests, batch_prefix)
+    def recording(run, jobs):
+        admissions.append((run.busy, len(jobs)))
+        return admit(run, jobs)
 
     monkeypatch.setattr(decoding.GreedyRun, "admit", recording)
     batched = _batched(model, paths, 2, beam_size=1)

@@ -20,7 +20,7 @@ except Exception:  # the package __init__ is being edited elsewhere; writers doe
     from ostinato import writers
 
 from ostinato.errors import InvalidOptionError
-from ostinato.models.whisper.types import Segment, TranscriptionInfo, Word
+from ostinato.results import Segment, TranscriptionInfo, Word
 
 
 def seg(i, start, end, text, words=None, tokens=(50364, 2425)):

@@ -12,10 +12,11 @@ __version__ = "0.1.0"
 
 # Model classes pull in torch; they load on first use so `ostinato --help` and error types stay cheap.
 _LAZY = {
-    "Segment": "ostinato.models.whisper.types",
-    "TranscriptionInfo": "ostinato.models.whisper.types",
-    "Word": "ostinato.models.whisper.types",
+    "Segment": "ostinato.results",
+    "TranscriptionInfo": "ostinato.results",
+    "Word": "ostinato.results",
     "WhisperModel": "ostinato.models.whisper.model",
+    "load_model": "ostinato.loading",
     "TransducerModel": "ostinato.models.transducer.model",
     "TransducerResult": "ostinato.models.transducer.model",
 }
@@ -46,4 +47,5 @@ __all__ = [
     "WhisperModel",
     "Word",
     "__version__",
+    "load_model",
 ]

@@ -7,7 +7,6 @@ command needs them, so ``ostinato --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -23,7 +22,6 @@ EXIT_FAILURE = 1  # input or model errors
 EXIT_USAGE = 2  # bad command line or option values
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 class _UsageError(Exception):
@@ -89,7 +87,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="text the first window's transcript must start with")
     t.add_argument("--initial-prompt", default=None, metavar="TEXT", help="text to condition the first window on")
     t.add_argument("--without-timestamps", action="store_true", help="decode without timestamp tokens")
-    t.add_argument("--no-graphs", action="store_true", help="do not capture or replay CUDA graphs")
+    t.add_argument("--decode-loop", default="auto", choices=("auto", "device", "kstep", "eager"),
+                   help="how decode steps run on CUDA: the device while-loop, graphs of K steps replayed by "
+                        "the host, or eagerly (default: auto, the best this machine offers)")
+    t.add_argument("--no-graphs", action="store_true", help="do not capture or replay CUDA graphs (--decode-loop eager)")
     t.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="decode up to N windows of the given files together, refilling rows as windows "
                         "finish (Whisper models; default: 1, one file at a time)")
@@ -112,29 +113,41 @@ def _build_parser() -> argparse.ArgumentParser:
     talk = t.add_mutually_exclusive_group()
     talk.add_argument("--verbose", "-v", action="store_true", help="show the progress bar even when stderr is not a terminal")
     talk.add_argument("--quiet", "-q", action="store_true", help="do not print segments")
+    parser.transcribe_parser = t  # its defaults tell which options the user set
     return parser
 
 
-def _validate(args: argparse.Namespace) -> None:
-    """Reject bad option values before the (slow) model load."""
-    if args.beam_size < 1:
-        raise _UsageError(f"--beam-size must be at least 1, got {args.beam_size}")
-    if args.best_of < 1:
-        raise _UsageError(f"--best-of must be at least 1, got {args.best_of}")
+# Options that only Whisper models take: given to a transducer, they are refused, not ignored.
+_WHISPER_ONLY = (
+    "language", "task", "beam_size", "best_of", "patience", "length_penalty", "temperature",
+    "condition_on_previous_text", "seed", "clip_timestamps", "hotwords", "prefix", "initial_prompt",
+    "without_timestamps", "word_timestamps", "hallucination_silence_threshold", "highlight_words",
+    "max_line_width", "max_line_count", "max_words_per_line",
+)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _flagged(message: str) -> str:
+    """An options error in the command line's words: ``beam_size`` becomes ``--beam-size``."""
+    return re.sub(r"\b(temperatures?|" + "|".join(_WHISPER_ONLY) + r")\b",
+                  lambda m: _flag("temperature" if m.group(1).startswith("temperature") else m.group(1)), message)
+
+
+def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Reject bad option values before the (slow) model load; sets ``args.options``, the validated
+    ``TranscribeOptions`` of a Whisper model (None for a transducer)."""
+    from .loading import TRANSDUCER, checkpoint_family
+    from .runtime import parse_device
+
     if args.batch_size < 1:
         raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if not (math.isfinite(args.patience) and args.patience > 0):
-        raise _UsageError(f"--patience must be a number > 0, got {args.patience}")
-    if math.floor(args.beam_size * args.patience + 0.5) < 1:
-        raise _UsageError(f"--patience ({args.patience}) times --beam-size ({args.beam_size}) must round to at least 1")
-    if not math.isfinite(args.length_penalty):
-        raise _UsageError(f"--length-penalty must be a finite number, got {args.length_penalty}")
-    args.temperature = _parse_temperature(args.temperature)
-    if args.seed is not None and not 0 <= args.seed < 2**64:
-        raise _UsageError(f"--seed must be an integer in [0, 2**64), got {args.seed}")
-    args.clip_timestamps = _parse_clip_timestamps(args.clip_timestamps)
-    if not _DEVICE_RE.match(args.device):
-        raise _UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
+    try:
+        parse_device(args.device)
+    except InvalidOptionError as exc:
+        raise _UsageError(f"--device: {exc}") from None
     if args.language is not None and not args.language.strip():
         raise _UsageError("--language must not be empty (leave it out to detect the language)")
     if args.model is not None and not args.model.strip():
@@ -142,18 +155,51 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("max_line_width", "max_line_count", "max_words_per_line"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise _UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    threshold = args.hallucination_silence_threshold
-    if threshold is not None and not (math.isfinite(threshold) and threshold >= 0):
-        raise _UsageError(f"--hallucination-silence-threshold must be a finite number >= 0, got {threshold}")
+            raise _UsageError(f"{_flag(name)} must be at least 1, got {value}")
     if not args.word_timestamps:
         # As openai-whisper: the word-level options need word timings.
         for name in ("highlight_words", "max_line_width", "max_line_count", "max_words_per_line",
                      "hallucination_silence_threshold"):
             if getattr(args, name) not in (None, False):
-                raise _UsageError(f"--{name.replace('_', '-')} requires --word-timestamps")
-    elif _is_transducer(args.model):
-        raise _UsageError("--word-timestamps is available for Whisper models only")
+                raise _UsageError(f"{_flag(name)} requires --word-timestamps")
+    args.family = checkpoint_family(args.model)
+    if args.family == TRANSDUCER:
+        given = [_flag(name) for name in _WHISPER_ONLY
+                 if getattr(args, name) != parser.transcribe_parser.get_default(name)]
+        if given:
+            raise _UsageError(f"{', '.join(given)}: Whisper options; a transducer model (.nemo) takes none of them")
+        args.options = None
+        return
+    args.options = _transcribe_options(args)
+
+
+def _transcribe_options(args: argparse.Namespace):
+    """The ``TranscribeOptions`` the API builds from the same values, validated by the same code."""
+    from .models.whisper.options import DEFAULT_TEMPERATURES, TranscribeOptions, parse_temperature
+
+    try:
+        options = TranscribeOptions(
+            language=args.language,
+            task=args.task,
+            beam_size=args.beam_size,
+            best_of=args.best_of,
+            patience=args.patience,
+            length_penalty=args.length_penalty,
+            temperature=DEFAULT_TEMPERATURES if args.temperature is None else parse_temperature(args.temperature),
+            condition_on_previous_text=args.condition_on_previous_text,
+            initial_prompt=args.initial_prompt,
+            without_timestamps=args.without_timestamps,
+            clip_timestamps=args.clip_timestamps,
+            hotwords=args.hotwords,
+            prefix=args.prefix,
+            word_timestamps=args.word_timestamps,
+            hallucination_silence_threshold=args.hallucination_silence_threshold,
+            **({} if args.seed is None else {"seed": args.seed}),
+        )
+        options.validate()
+    except InvalidOptionError as exc:
+        raise _UsageError(_flagged(str(exc))) from None
+    return options
 
 
 def _error(message: str) -> None:
@@ -167,22 +213,11 @@ def _file_error(path: str, exc: BaseException) -> None:
     _error(message if path in message else f"{path}: {message}")
 
 
-def _whisper_model_class():
-    # Imported on use, not at module top, so `ostinato --help` never pays for importing torch.
-    from .models.whisper.model import WhisperModel
+def _option_values(options) -> dict:
+    """``transcribe`` keywords from validated ``TranscribeOptions`` (the API checks them against the model)."""
+    from dataclasses import fields
 
-    return WhisperModel
-
-
-def _is_transducer(model: Optional[str]) -> bool:
-    """A NeMo .nemo file names a transducer (RNN-T / TDT); anything else goes to Whisper."""
-    return model is not None and model.strip().lower().endswith(".nemo")
-
-
-def _transducer_model_class():
-    from .models.transducer.model import TransducerModel
-
-    return TransducerModel
+    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 def _check_input(path: str) -> Optional[str]:
@@ -210,24 +245,13 @@ class _Progress:
                 bar.update(done - bar.n)
 
 
-def _whisper_options(args: argparse.Namespace) -> dict:
-    return dict(
-        language=args.language,
-        task=args.task,
-        initial_prompt=args.initial_prompt,
-        without_timestamps=args.without_timestamps,
-        **_decoding_options(args),
-        **_word_options(args),
-    )
-
-
 def _transcribe_one(model, path: str, args: argparse.Namespace, show_progress: bool) -> None:
     progress = _Progress()
     if hasattr(model, "transcribe_segments"):  # transducer: segments from token times
         segments, info = model.transcribe_segments(path)
     else:
         segments, info = model.transcribe(
-            path, **_whisper_options(args), **({"on_progress": progress.advance} if show_progress else {})
+            path, **_option_values(args.options), **({"on_progress": progress.advance} if show_progress else {})
         )
     bar = None
     if show_progress:
@@ -277,7 +301,7 @@ def _write(path: str, segments: list, info, args: argparse.Namespace) -> None:
 def _transcribe_batch(model, paths: List[str], args: argparse.Namespace) -> bool:
     """All files through one batched transcription; returns whether any file failed."""
     failed = False
-    outcomes = model.transcribe_many(paths, batch_size=args.batch_size, **_whisper_options(args))
+    outcomes = model.transcribe_many(paths, batch_size=args.batch_size, **_option_values(args.options))
     for path, outcome in zip(paths, outcomes):
         if isinstance(outcome, BaseException):
             _file_error(path, outcome)
@@ -295,65 +319,20 @@ def _transcribe_batch(model, paths: List[str], args: argparse.Namespace) -> bool
     return failed
 
 
-DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # faster-whisper's fallback schedule
+def _load_model(args: argparse.Namespace):
+    from .loading import load_model
+
+    model = load_model(args.model, device=args.device, compute_type=args.compute_type,
+                       decode_loop="eager" if args.no_graphs else args.decode_loop)
+    if args.verbose:
+        rung = getattr(getattr(model, "decoder", None), "loop_rung", "n/a")
+        print(f"{PROG}: {args.family} model {getattr(model, 'model_path', args.model)} on {model.device}, "
+              f"{str(model.dtype).replace('torch.', '')}; decode loop: {rung}", file=sys.stderr, flush=True)
+    return model
 
 
-def _parse_temperature(text: Optional[str]):
-    """One temperature (a float) or a comma-separated schedule (a tuple); None: the default."""
-    if text is None:
-        return DEFAULT_TEMPERATURES
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise _UsageError(f"--temperature must be a number or comma-separated numbers, got {text!r}") from None
-    if any(not (math.isfinite(v) and v >= 0) for v in values):
-        raise _UsageError(f"--temperature values must be finite numbers >= 0, got {text!r}")
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def _parse_clip_timestamps(text: str) -> str:
-    """Check --clip-timestamps here, before any model is loaded; the model parses it again."""
-    stripped = text.strip()
-    try:
-        points = [float(part) for part in stripped.split(",")] if stripped else []
-    except ValueError:
-        raise _UsageError(f"--clip-timestamps must be comma-separated seconds like 0,10,15, got {text!r}") from None
-    if any(not (math.isfinite(p) and p >= 0) for p in points):
-        raise _UsageError(f"--clip-timestamps must be finite seconds >= 0, got {text!r}")
-    if any(end <= start for start, end in zip(points[::2], points[1::2])):
-        raise _UsageError(f"--clip-timestamps: every clip must end after it starts, got {text!r}")
-    return stripped
-
-
-def _decoding_options(args: argparse.Namespace) -> dict:
-    """transcribe() keywords for the search; the optional ones are given only when set."""
-    options = dict(
-        beam_size=args.beam_size,
-        best_of=args.best_of,
-        patience=args.patience,
-        length_penalty=args.length_penalty,
-        temperature=args.temperature,
-        condition_on_previous_text=args.condition_on_previous_text,
-    )
-    for name, unset in (("seed", None), ("clip_timestamps", "0"), ("hotwords", None), ("prefix", None)):
-        value = getattr(args, name)
-        if value != unset:
-            options[name] = value
-    return options
-
-
-def _word_options(args: argparse.Namespace) -> dict:
-    """transcribe() keywords for word timestamps, given only when asked for."""
-    if not args.word_timestamps:
-        return {}
-    options = {"word_timestamps": True}
-    if args.hallucination_silence_threshold is not None:
-        options["hallucination_silence_threshold"] = args.hallucination_silence_threshold
-    return options
-
-
-def _run_transcribe(args: argparse.Namespace) -> int:
-    _validate(args)
+def _run_transcribe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _validate(args, parser)
 
     failed = False
     inputs: List[str] = []
@@ -374,13 +353,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     try:
-        model_class = _transducer_model_class() if _is_transducer(args.model) else _whisper_model_class()
-        model = model_class(
-            args.model,  # WhisperModel's `model`, TransducerModel's `path`
-            device=args.device,
-            compute_type=args.compute_type,
-            use_graphs=not args.no_graphs,
-        )
+        model = _load_model(args)
     except InvalidOptionError as exc:
         _error(str(exc))
         return EXIT_USAGE
@@ -418,7 +391,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return exc.code if isinstance(exc.code, int) else EXIT_OK
         if args.command is None:
             raise _UsageError(f"missing command (try '{PROG} --help')")
-        return _run_transcribe(args)
+        return _run_transcribe(args, parser)
     except _UsageError as exc:
         _error(str(exc))
         return EXIT_USAGE

@@ -13,12 +13,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 from .errors import InvalidOptionError
-
-if TYPE_CHECKING:  # only for annotations: writers stay importable without the model stack
-    from .models.whisper.types import Segment, TranscriptionInfo
+from .results import Segment, TranscriptionInfo
 
 FORMATS = ("txt", "vtt", "srt", "tsv", "json")
 

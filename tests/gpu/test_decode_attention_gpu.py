@@ -4,7 +4,8 @@ and a captured CUDA graph replayed with new lengths and contents equal to eager 
 import pytest
 import torch
 
-from ostinato.ops.decode_attention import decode_attention, decode_attention_available
+from ostinato.ops.decode_attention import decode_attention
+from ostinato.ops.triton_support import kernels_can_run
 
 pytestmark = pytest.mark.gpu
 
@@ -14,7 +15,7 @@ HEADS, DIM = 20, 64
 
 @pytest.fixture(autouse=True)
 def _needs_kernel():
-    if not decode_attention_available("cuda"):
+    if not kernels_can_run("cuda"):
         pytest.skip("Triton is not installed or OSTINATO_NO_TRITON=1")
 
 

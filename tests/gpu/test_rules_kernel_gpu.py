@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ostinato.models.whisper import rules_kernel as rk
+from ostinato.ops.triton_support import kernels_can_run
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +27,7 @@ check = _load_check()
 
 @pytest.fixture(autouse=True)
 def _needs_kernel():
-    if not rk.available("cuda"):
+    if not kernels_can_run("cuda"):
         pytest.skip("Triton is not installed or OSTINATO_NO_TRITON=1")
 
 

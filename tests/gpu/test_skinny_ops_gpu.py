@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ostinato.ops import skinny
+from ostinato.ops.triton_support import kernels_can_run
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +20,7 @@ SHAPES = [(3 * D, D, True, False, False), (D, D, True, False, True), (4 * D, D, 
 
 @pytest.fixture(autouse=True)
 def _needs_kernel():
-    if not skinny.available("cuda"):
+    if not kernels_can_run("cuda"):
         pytest.skip("Triton is not installed or OSTINATO_NO_TRITON=1")
 
 

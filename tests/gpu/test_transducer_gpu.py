@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ostinato.models.transducer import TransducerModel
+from ostinato.models.transducer.label_looping import TransducerKey
 
 pytestmark = pytest.mark.gpu
 KINDS = ("rnnt", "tdt")
@@ -70,8 +71,8 @@ def test_cpu_gpu_eager_gpu_graph_identical_float32(data_dir, kind):
                 assert durations == ref["durations"]
         checked += 1
     assert checked >= 9
-    assert graph.decoder.graph.mode(1) == "graph"
-    assert eager.decoder.graph.mode(1) == "eager"
+    assert graph.decoder.graph.mode(TransducerKey(1)) == "graph"
+    assert eager.decoder.graph.mode(TransducerKey(1)) == "eager"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -87,6 +88,30 @@ def test_gpu_graph_equals_gpu_eager_half(data_dir, kind, dtype):
         assert outputs(graph.transcribe_batch(audios, batch_size=8, max_symbols=ms)) == outputs(
             eager.transcribe_batch(audios, batch_size=8, max_symbols=ms)
         )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_device_loop_with_refills_equals_kstep_and_eager(data_dir, dtype):
+    """Eleven utterances through four rows (batch_size 3 rounds up to the bucket of 4): rows are refilled as utterances end, on the device loop
+    (which stops at the first ended row while others wait, and runs to the end when none do), on
+    the K-step rung and eagerly, with the same tokens; float32 also equals the CPU."""
+    from ostinato.runtime import device_loop
+
+    refs, inputs = reference_inputs(data_dir)
+    path = data_dir / "transducer" / "tiny_tdt.nemo"
+    audios = [inputs[n] for n in sorted(inputs)][:11]
+    models = {loop: TransducerModel(path, device="cuda", compute_type=dtype, decode_loop=loop)
+              for loop in ("auto", "kstep", "eager")}
+    got = {loop: outputs(m.transcribe_batch(audios, batch_size=3, max_symbols=4)) for loop, m in models.items()}
+    assert got["auto"] == got["kstep"] == got["eager"]
+    if dtype == "float32":
+        cpu = TransducerModel(path, device="cpu")
+        assert got["auto"] == outputs(cpu.transcribe_batch(audios, batch_size=3, max_symbols=4))
+    looping = device_loop.unavailable_reason("cuda") is None
+    rung = models["auto"].decoder.graph.rung(TransducerKey(4))
+    assert rung == ("device loop" if looping else "one step per replay")
+    assert models["kstep"].decoder.graph.rung(TransducerKey(4)) == "one step per replay"
+    assert models["eager"].decoder.graph.rung(TransducerKey(4)) == "eager"
 
 
 def test_graphs_captured_once_per_bucket_and_state_stays_put(data_dir):
@@ -112,7 +137,7 @@ def test_graphs_captured_once_per_bucket_and_state_stays_put(data_dir):
     assert calls["n"] == 4
     model.transcribe_batch(audio[1:4], batch_size=3)
     assert calls["n"] == 4  # every other call replayed a captured graph
-    assert sorted(model.decoder.graph.captured_keys()) == [1, 4, 8]
+    assert sorted(model.decoder.graph.captured_keys()) == [TransducerKey(1), TransducerKey(4), TransducerKey(8)]
     assert model.decoder.state.addresses() == addresses
 
 

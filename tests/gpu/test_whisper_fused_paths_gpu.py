@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ostinato import WhisperModel
-from ostinato.models.whisper.config import OFFICIAL_DIMS
-from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, WindowRequest
+from ostinato.models.whisper.decoding import GreedyKey, SearchOptions, WindowDecoder, WindowRequest
+from ostinato.testing.random_models import random_whisper_checkpoint
 from ostinato.models.whisper.loaders.vocab import vocabulary_layout, whisper_tokenizer_file
 from ostinato.models.whisper.modules import Whisper, fused_step_enabled
 from ostinato.models.whisper.tokenizer import WhisperTokenizer
@@ -56,14 +56,8 @@ def test_batch_equals_one_at_a_time_fp16(tiny_fp16, data_dir, beam_size):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_random_tiny_size_model_graph_equals_eager(dtype):
-    dims = OFFICIAL_DIMS["tiny"]
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Whisper(dims)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0, 0.1) if ("ln" in name and name.endswith("weight")) else p.normal_(0.0, 0.05)
-    model = model.to(dtype).eval().requires_grad_(False)
+    dims, state = random_whisper_checkpoint("tiny", dtype=dtype, device="cuda", std=0.05)
+    model = Whisper.from_state_dict(dims, state).to("cuda", dtype).eval().requires_grad_(False)
     multilingual, languages = vocabulary_layout(dims.n_vocab)
     tok = WhisperTokenizer(whisper_tokenizer_file(dims.n_vocab), multilingual, languages)
     features = torch.randn(3, dims.n_audio_ctx, dims.n_audio_state, device="cuda", dtype=dtype)
@@ -75,14 +69,14 @@ def test_random_tiny_size_model_graph_equals_eager(dtype):
     # The device loop (rows finish at different steps, so it stops and is re-entered), the K-step
     # graph, and eager.
     for use_graphs, device_loop in ((True, True), (True, False), (False, False)):
-        decoder = WindowDecoder(model, tok, "cuda", use_graphs=use_graphs, buckets=(4,), capacity=15,
-                                device_loop=device_loop)
+        loop = "eager" if not use_graphs else ("auto" if device_loop else "kstep")
+        decoder = WindowDecoder(model, tok, "cuda", buckets=(4,), capacity=15, decode_loop=loop)
         with torch.inference_mode():
             results[use_graphs, device_loop] = [
                 [r.tokens for r in decoder.decode(features, requests, suppress, begin, options)]
                 for options in (SearchOptions(), SearchOptions(beam_size=5))
             ]
-        rungs[use_graphs, device_loop] = decoder.graph.rung(4)
+        rungs[use_graphs, device_loop] = decoder.graph.rung(GreedyKey(4))
     assert results[True, True] == results[False, False]
     assert results[True, False] == results[False, False]
     assert all(any(tokens) for tokens in results[True, True][0])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ostinato import WhisperModel
+from ostinato.models.whisper.decoding import GreedyKey
 from ostinato.runtime import device_loop, duplicated_parameters
 
 pytestmark = pytest.mark.gpu
@@ -57,10 +58,10 @@ def test_random_model_graph_equals_eager(data_dir, dtype, timestamps):
         want = tokens_of(eager, audio, **opts)
         got = tokens_of(graph, audio, **opts)
         assert got == want
-    assert graph.decoder.graph.mode(1) == "graph"
-    assert eager.decoder.graph.mode(1) == "eager"
+    assert graph.decoder.graph.mode(GreedyKey(1)) == "graph"
+    assert eager.decoder.graph.mode(GreedyKey(1)) == "eager"
     looping = device_loop.unavailable_reason("cuda") is None
-    assert graph.decoder.graph.rung(1) == ("device loop" if looping else "K steps per replay")
+    assert graph.decoder.graph.rung(GreedyKey(1)) == ("device loop" if looping else "K steps per replay")
     assert graph.decoder.loop_rung.startswith("device while-loop" if looping else "8 unrolled steps")
 
 
@@ -81,7 +82,7 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
     assert first == model.decoder.graph.warmup + model.decoder.steps_per_replay
     tokens_of(model, noise(8.0, 3), max_new_tokens=40)
     assert calls["n"] == first
-    assert model.decoder.graph.captured_keys() == [1]
+    assert model.decoder.graph.captured_keys() == [GreedyKey(1)]
     assert model.decoder.state.addresses() == addresses
 
 
@@ -115,7 +116,7 @@ def test_tiny_en_cpu_eager_equals_gpu_graph_float32(tiny_models, data_dir, clip)
     want = tokens_of(cpu, audio)
     got = tokens_of(gpu, audio)
     assert got == want
-    assert gpu.decoder.graph.mode(1) == "graph"
+    assert gpu.decoder.graph.mode(GreedyKey(1)) == "graph"
     # And both are faster-whisper's tokens where the reference has the clip.
     refs = json.loads((data_dir / "refs" / "faster_whisper_tiny_en.json").read_text())["runs"]["greedy"]
     if f"{clip}.flac" in refs:

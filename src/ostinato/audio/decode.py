@@ -18,6 +18,8 @@ import numpy as np
 
 from ostinato.errors import AudioError
 
+SAMPLE_RATE = 16000  # what every model here takes: Whisper's and NeMo's rate; decoding resamples to it
+
 AudioSource = Union[str, os.PathLike, bytes, bytearray, BinaryIO, np.ndarray, "torch.Tensor"]  # noqa: F821
 
 # Decoded frames are pooled into blocks of this many samples before resampling, as
@@ -27,7 +29,7 @@ _GROUP_SAMPLES = 500_000
 _MAX_CHANNELS = 8
 
 
-def load_audio(source: AudioSource, sampling_rate: int = 16000) -> np.ndarray:
+def load_audio(source: AudioSource, sampling_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Return the audio in ``source`` as a 1-D float32 mono array at ``sampling_rate`` Hz.
 
     ``source`` is a path, the bytes of an audio/video file, a binary file object, or the
@@ -64,7 +66,7 @@ def load_audio(source: AudioSource, sampling_rate: int = 16000) -> np.ndarray:
     )
 
 
-def audio_duration(samples, sampling_rate: int = 16000) -> float:
+def audio_duration(samples, sampling_rate: int = SAMPLE_RATE) -> float:
     """Duration in seconds of a 1-D array or tensor of samples."""
     return float(samples.shape[-1]) / sampling_rate
 

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ostinato.audio.decode import SAMPLE_RATE
 from ostinato.errors import AudioError
 
-SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
 

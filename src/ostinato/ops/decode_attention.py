@@ -16,7 +16,7 @@ fresh: the program whose chunk holds that position takes them from registers ins
 and writes them into it, which saves the two cache-write launches per layer of a separate scatter.
 
 Only CUDA runs these kernels (``TRITON_INTERPRET=1`` runs them on the CPU for tests); callers check
-``decode_attention_available`` and otherwise use ``torch.nn.functional.scaled_dot_product_attention``.
+``triton_support.kernels_can_run`` and otherwise use ``torch.nn.functional.scaled_dot_product_attention``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .triton_support import (
-    HAVE_TRITON, arrival_counters, cuda_kernels_available, pdl_options, sm_count, tl, triton,
+    HAVE_TRITON, arrival_counters, pdl_options, sm_count, tl, triton,
 )
 
 if HAVE_TRITON:
@@ -42,12 +42,6 @@ NUM_STAGES = 3  # K/V blocks of this many iterations in flight (tl.range pipelin
 HEAD_DIMS = (64, 128)
 CHUNK_ALIGN = 16  # chunks need not be whole blocks (a partial block loads only its valid keys)
 INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises several splits
-
-
-def decode_attention_available(device) -> bool:
-    """Whether ``decode_attention`` runs on ``device`` (a CUDA device, Triton importable, not disabled
-    with ``OSTINATO_NO_TRITON=1``)."""
-    return cuda_kernels_available(device)
 
 
 def _sm_count(device: torch.device) -> int:

@@ -16,7 +16,8 @@ on an H100, 192 per large-v3 step).
 
 Launch parameters depend only on shapes and the SM count (no autotuning, no host synchronisation),
 so both run while the caller forbids syncs and can be captured in CUDA graphs. Only CUDA runs them
-(``TRITON_INTERPRET=1`` runs them on the CPU for tests); callers check ``available`` and otherwise
+(``TRITON_INTERPRET=1`` runs them on the CPU for tests); callers check
+``triton_support.kernels_can_run`` and otherwise
 use plain PyTorch.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .triton_support import (
-    HAVE_TRITON, arrival_counters, cuda_kernels_available, pdl_options, sm_count, tl, triton,
+    HAVE_TRITON, arrival_counters, pdl_options, sm_count, tl, triton,
 )
 
 if HAVE_TRITON:
@@ -37,12 +38,6 @@ TILE_BYTES = 16384  # BLOCK_N x BLOCK_K weight bytes per pipeline stage: K 128 i
 MAX_WORKSPACE_RATIO = 1.0  # partial-sum traffic (float32 write + read, mostly in L2) <= the weight bytes
 NUM_STAGES = 3  # software pipelining depth of the K loop (cp.async / TMA on sm80+)
 INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises split-K
-
-
-def available(device) -> bool:
-    """Whether these kernels run on ``device`` (a CUDA device, Triton importable, not disabled with
-    ``OSTINATO_NO_TRITON=1``)."""
-    return cuda_kernels_available(device)
 
 
 def _sm_count(device: torch.device) -> int:

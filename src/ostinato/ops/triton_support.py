@@ -1,8 +1,9 @@
 """What every Triton operator asks first: is Triton here, may it run on this device, how many SMs.
 
 Triton is optional (the CPU build and CI have none): importing this module never fails, and
-``HAVE_TRITON`` says whether ``triton``/``tl`` are real. ``OSTINATO_NO_TRITON=1`` switches every
-kernel off (the plain PyTorch paths run instead), e.g. to compare the two on one machine.
+``HAVE_TRITON`` says whether ``triton``/``tl`` are real, and ``kernels_can_run`` is the one check
+every caller makes before it launches a kernel. ``OSTINATO_NO_TRITON=1`` switches every kernel off
+(the plain PyTorch paths run instead), e.g. to compare the two on one machine.
 
 Programmatic dependent launch (PDL, Hopper and newer): a kernel launched with ``pdl_options``
 may be scheduled while the kernel before it on the stream is still running; its first act,
@@ -13,9 +14,11 @@ results are those of plain stream order. ``OSTINATO_NO_PDL=1`` switches it off.
 from __future__ import annotations
 
 import functools
-import os
+from typing import Optional
 
 import torch
+
+from .. import settings
 
 try:  # pragma: no cover - depends on the installation
     import triton
@@ -44,17 +47,22 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
         gdc_launch_dependents()
 
 
-def triton_enabled() -> bool:
-    return HAVE_TRITON and os.environ.get("OSTINATO_NO_TRITON") != "1"
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def cuda_kernels_available(device) -> bool:
-    """A CUDA device (or a tensor on one), Triton importable, and kernels not switched off."""
-    if not triton_enabled():
+def kernels_can_run(where, dtype: Optional[torch.dtype] = None, interpreter: bool = False) -> bool:
+    """Whether ostinato's Triton kernels run here for ``where`` (a device, its name, or a tensor on
+    it): Triton importable, not switched off (OSTINATO_NO_TRITON=1), a CUDA device (or, with
+    ``interpreter``, any device under Triton's CPU interpreter: kernels that support it), and,
+    when ``dtype`` is given, a half precision one (float32 keeps PyTorch's ops everywhere)."""
+    if not HAVE_TRITON or settings.triton_disabled():
         return False
-    if isinstance(device, torch.Tensor):
-        device = device.device
-    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+    if dtype is not None and dtype not in HALF_DTYPES:
+        return False
+    device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
+    if interpreter and settings.triton_interpreter():
+        return True
+    return device.type == "cuda" and torch.cuda.is_available()
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,7 +72,7 @@ def _pdl_capable(index: int) -> bool:
 
 def pdl_options(device: torch.device) -> dict:
     """Launch keywords for a kernel with a ``PDL`` constexpr that begins with ``if PDL: pdl_enter()``."""
-    if device.type != "cuda" or os.environ.get("OSTINATO_NO_PDL") == "1":
+    if device.type != "cuda" or settings.pdl_disabled():
         return {"PDL": False}
     if not _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()):
         return {"PDL": False}

@@ -1,22 +1,34 @@
-"""The engine: device choice, one copy of weights, persistent device state, step graphs."""
-from .device import resolve_device, resolve_dtype, strict_float32
-from .graphs import DEFAULT_BUCKETS, StepGraph, bucket_for, graphs_supported, loop_rung
-from .state import DeviceState
+"""The engine: device choice, one copy of weights, persistent device state, step graphs, the rung
+ladder and the device loop, batch-size buckets, and the row scheduler. Nothing here knows a model."""
+from .buckets import DEFAULT_BUCKETS, bucket_for, buckets_up_to
+from .device import parse_device, resolve_device, resolve_dtype, strict_float32
+from .graphs import DECODE_LOOPS, StepGraph, graphs_supported, loop_rung, resolve_decode_loop
+from .scheduler import RowScheduler, SlotTable, Ticket, store_at
+from .state import DeviceState, concat_rows
 from .weights import MemoryReport, duplicated_parameters, memory_report, place_module, storage_bytes
 
 __all__ = [
+    "DECODE_LOOPS",
     "DEFAULT_BUCKETS",
     "DeviceState",
     "MemoryReport",
+    "RowScheduler",
+    "SlotTable",
     "StepGraph",
+    "Ticket",
     "bucket_for",
+    "buckets_up_to",
+    "concat_rows",
     "duplicated_parameters",
     "graphs_supported",
     "loop_rung",
     "memory_report",
+    "parse_device",
     "place_module",
+    "resolve_decode_loop",
     "resolve_device",
     "resolve_dtype",
     "storage_bytes",
+    "store_at",
     "strict_float32",
 ]

@@ -14,18 +14,29 @@ _DTYPES = {
 }
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """'auto' picks the first CUDA device when there is one, else the CPU."""
+def parse_device(device: str | torch.device) -> torch.device | str:
+    """The device a name asks for ("auto" stays "auto"), without looking for it: raises
+    ``InvalidOptionError`` for a name that is not auto, cpu, cuda or cuda:N."""
     if isinstance(device, torch.device):
         resolved = device
     else:
         name = str(device).strip().lower()
         if name == "auto":
-            return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            return "auto"
         try:
             resolved = torch.device(name)
         except RuntimeError:
             raise InvalidOptionError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise InvalidOptionError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
+    return resolved
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """'auto' picks the first CUDA device when there is one, else the CPU."""
+    resolved = parse_device(device)
+    if resolved == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise InvalidOptionError(f"device {device!r} was requested but no CUDA device is available")
@@ -33,8 +44,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         if index >= torch.cuda.device_count():
             raise InvalidOptionError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s) found")
         return torch.device("cuda", index)
-    if resolved.type != "cpu":
-        raise InvalidOptionError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
     return resolved
 
 

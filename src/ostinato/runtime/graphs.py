@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Hashable, Optional
 import torch
 
 from ..errors import GraphInputError
+from ..errors import InvalidOptionError
 from . import device_loop
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,34 @@ def _indexed(device: torch.device) -> torch.device:
 
 def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
+
+
+DECODE_LOOPS = ("auto", "device", "kstep", "eager")
+
+
+def resolve_decode_loop(decode_loop: str, device: torch.device, use_graphs: bool = True) -> str:
+    """The top rung a model's decode loop may use: "device", "kstep" or "eager".
+
+    "auto" takes the highest rung this device offers (the device while-loop where cuda-python can
+    build it, else K-step graphs on CUDA, else eager); "device" and "kstep" ask for that rung and
+    raise ``InvalidOptionError`` where it cannot exist (a capture that fails later still steps down
+    the ladder with a warning); "eager" never captures. ``use_graphs=False`` means "eager".
+    """
+    if decode_loop not in DECODE_LOOPS:
+        raise InvalidOptionError(f"decode_loop must be one of {', '.join(DECODE_LOOPS)}; got {decode_loop!r}")
+    device = torch.device(device)
+    if not use_graphs or decode_loop == "eager":
+        return "eager"
+    if not graphs_supported(device):
+        if decode_loop == "auto":
+            return "eager"
+        raise InvalidOptionError(f"decode_loop={decode_loop!r} needs CUDA graphs; the device is {device.type}")
+    why = device_loop.unavailable_reason(device.type)
+    if decode_loop == "device" and why is not None:
+        raise InvalidOptionError(f"decode_loop='device' is not available here: {why}")
+    if decode_loop == "kstep" or why is not None:
+        return "kstep"
+    return "device"
 
 
 def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int, guarded: bool = False) -> str:
@@ -293,14 +322,3 @@ def _recover_from_failed_capture(device: torch.device) -> None:
     generator = torch.cuda.default_generators[device.index or 0]
     if hasattr(generator, "graphsafe_set_state") and hasattr(generator, "clone_state"):
         generator.graphsafe_set_state(generator.clone_state())
-
-
-def bucket_for(batch_size: int, buckets) -> int:
-    """The smallest bucket that holds ``batch_size`` rows."""
-    for b in sorted(buckets):
-        if batch_size <= b:
-            return b
-    raise ValueError(f"batch size {batch_size} exceeds the largest bucket {max(buckets)}")
-
-
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)

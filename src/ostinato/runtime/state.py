@@ -1,7 +1,7 @@
 """Named persistent device buffers: allocated once, fixed addresses, written in place."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Sequence, Tuple
 
 import torch
 
@@ -58,3 +58,23 @@ class DeviceState:
 
     def addresses(self) -> Dict[str, int]:
         return {name: b.data_ptr() for name, b in self._buffers.items()}
+
+
+def concat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` along dim 0, as a view without a copy when the parts are consecutive
+    slices of one tensor (the rows of a batch handed out one request at a time and admitted together)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    step = first.shape[0] * first.stride(0) if first.dim() else 0
+    storage = first.untyped_storage().data_ptr()
+    consecutive = step > 0 and all(
+        p.shape == first.shape and p.stride() == first.stride() and p.dtype == first.dtype
+        and p.device == first.device and p.untyped_storage().data_ptr() == storage
+        and p.storage_offset() == first.storage_offset() + i * step
+        for i, p in enumerate(parts)
+    )
+    if not consecutive:
+        return torch.cat(list(parts))
+    shape = (first.shape[0] * len(parts),) + tuple(first.shape[1:])
+    return first.as_strided(shape, first.stride(), first.storage_offset())

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...ops.triton_support import kernels_can_run
 from . import kernels
 from .nemo_checkpoint import EncoderConfig
 
@@ -116,7 +117,7 @@ class RelPositionAttention(nn.Module):
         scale = 1.0 / math.sqrt(dk)
         qkv = self.linear_qkv(x)
         q = qkv[..., :d].view(b, t, h, dk)
-        if kernels.available(x) and dk in (16, 32, 64, 128):
+        if kernels_can_run(x, x.dtype, interpreter=True) and dk in (16, 32, 64, 128):
             # CUDA half: the position term and key padding written straight into SDPA's bias
             p = self.linear_pos(pos_emb).contiguous()
             q_u, bias = kernels.relpos_bias(q, p, self.pos_bias_u, self.pos_bias_v, key_bias, scale)
@@ -168,7 +169,7 @@ class ConvModule(nn.Module):
 
     def forward(self, x: Tensor, pad_mask: Optional[Tensor], lengths: Tensor) -> Tensor:
         x = self.pointwise1(x)
-        if kernels.available(x):  # GLU, padding mask, depthwise conv and swish in one pass
+        if kernels_can_run(x, x.dtype, interpreter=True):  # GLU, padding mask, depthwise conv and swish in one pass
             x = kernels.glu_dwconv_silu(x, self.depthwise.weight, self.depthwise.bias, lengths)
             return self.pointwise2(x)
         x = F.glu(x, dim=-1)

@@ -6,28 +6,17 @@
   (joint with the encoder-frame gather fused in; argmax and all bookkeeping; one fused matrix product
   plus cell update per LSTM layer; the prediction projection through cuBLAS).
 
-Each is used only where ``available(tensor)`` says so (CUDA tensor, half dtype, Triton importable);
+Each is used only where ``kernels_can_run(t, t.dtype, interpreter=True)`` says so (CUDA tensor, half
+dtype, Triton importable);
 everything else (the CPU, float32) runs the plain PyTorch code, which is the reference.
 ``TRITON_INTERPRET=1`` runs these kernels on the CPU for tests.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
-from ...ops.triton_support import HAVE_TRITON, tl, triton, triton_enabled  # noqa: F401
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def available(t: torch.Tensor) -> bool:
-    """Whether the fused kernels run for tensors like ``t``."""
-    if not triton_enabled():
-        return False
-    if t.dtype not in (torch.float16, torch.bfloat16):
-        return False
-    return t.is_cuda or _INTERPRET
+from ...ops.triton_support import HAVE_TRITON, tl, triton  # noqa: F401
 
 
 if HAVE_TRITON:

@@ -16,20 +16,31 @@ which gives, row by row, NeMo's tokens, frames and durations (NeMo's bookkeeping
 frame, ``last_nb_timestamp`` and ``last_nb_timestamp_lasts``, is reproduced exactly). Everything
 lives in one ``DeviceState``: projected encoder output, LSTM state, the projected prediction output,
 time cursors, masks, and hypotheses in preallocated buffers with write cursors (a row that emits
-nothing writes to a spare last column). One replay runs ``steps_per_replay`` steps; the host reads a
-single "any row active" flag after each replay. On the CPU the same step runs eagerly.
+nothing writes to a spare last column).
+
+Utterances go through the runtime's ``RowScheduler``: a ``TransducerRun`` admits an utterance into
+a free row (its projected encoder output, length and the prediction network's start state), and
+a row whose utterance ended takes the next one at once. On CUDA one launch runs the step on the
+device loop (``steps_per_replay`` unrolled steps per trip) until an utterance ends while others
+wait for a row, or until every row is done when none waits; below that rung a replay runs
+``steps_per_replay`` steps and the host reads the rows' active flags after each. On the CPU the
+same step runs eagerly.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ...errors import InvalidOptionError
-from ...runtime import DeviceState, StepGraph
+from ...runtime import (
+    DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, buckets_up_to, concat_rows, loop_rung,
+    resolve_decode_loop, store_at,
+)
+from ...ops.triton_support import kernels_can_run
 from . import kernels
 from .decoder import Joint, PredictionNetwork
 
@@ -41,6 +52,20 @@ class Hypothesis:
     tokens: List[int]
     frames: List[int]
     durations: Optional[List[int]]  # TDT only
+
+
+class TransducerKey(NamedTuple):
+    """A label-looping step graph: one per row bucket."""
+
+    rows: int
+
+
+@dataclass
+class Utterance:
+    """One utterance as a run admits it: encoder output [T, enc_hidden] and its valid frames."""
+
+    encoded: Tensor
+    length: int
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -59,6 +84,7 @@ class LabelLoopingDecoder:
         use_graphs: bool = True,
         buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
         steps_per_replay: int = 16,
+        decode_loop: str = "auto",
     ):
         self.prednet = prednet
         self.joint = joint
@@ -66,13 +92,16 @@ class LabelLoopingDecoder:
         self.durations = [int(d) for d in durations]
         self.is_tdt = bool(self.durations)
         self.device = device
-        self.use_graphs = use_graphs
+        self.decode_loop = resolve_decode_loop(decode_loop, torch.device(device), use_graphs)
+        self.use_graphs = self.decode_loop != "eager"
+        self.loop_rung = loop_rung(torch.device(device), self.use_graphs, int(steps_per_replay),
+                                   guarded=self.decode_loop == "device")
         self.buckets = tuple(sorted(buckets))
         self.steps_per_replay = int(steps_per_replay)
         self.dtype = joint.out.weight.dtype
         # CUDA half precision: the step runs as five fused launches (kernels.py); else plain PyTorch
         self.fused = (
-            kernels.available(joint.out.weight)
+            kernels_can_run(joint.out.weight, joint.out.weight.dtype, interpreter=True)
             and joint.enc.out_features % 16 == 0
             and prednet.hidden % 16 == 0
             and joint.out.weight.is_contiguous()
@@ -84,10 +113,9 @@ class LabelLoopingDecoder:
 
     # -- state ---------------------------------------------------------------------------------
     def bucket(self, batch: int) -> int:
-        for b in self.buckets:
-            if batch <= b:
-                return b
-        return batch
+        """The rows a run of ``batch`` concurrent utterances steps: the smallest bucket that holds
+        them (past the largest bucket, exactly ``batch``)."""
+        return bucket_for(batch, buckets_up_to(max(batch, max(self.buckets)), self.buckets))
 
     def _ensure_capacity(self, rows: int, frames: int, max_symbols: int) -> None:
         if self.state is not None and rows <= self._rows and frames <= self._frames and max_symbols <= self._symbols:
@@ -102,7 +130,14 @@ class LabelLoopingDecoder:
         self.state = self._allocate(rows, frames, symbols)
         self._rows, self._frames, self._symbols = rows, frames, symbols
         # captured graphs hold the old buffers' addresses: start over with a fresh set
-        self.graph = StepGraph(self._replay_step, self.device, use_graphs=self.use_graphs, name="transducer label-looping step")
+        options = {}
+        if self.decode_loop == "device":
+            # enough trips for the longest utterance the state holds: each step moves a frame on or
+            # emits a label, at most ``symbols`` labels per frame
+            trips = math.ceil((frames * (symbols + 1) + 1) / self.steps_per_replay) + 2
+            options = dict(loop_guard=self._loop_guard, max_loop_trips=trips)
+        self.graph = StepGraph(self._replay_step, self.device, use_graphs=self.use_graphs,
+                               steps_per_replay=1, name="transducer label-looping step", **options)
 
     def _allocate(self, rows: int, frames: int, symbols: int) -> DeviceState:
         st = DeviceState(self.device)
@@ -131,7 +166,14 @@ class LabelLoopingDecoder:
         st.allocate("max_symbols", (1,), i64, 10)
         st.allocate("row_index", (rows,), i64)
         st["row_index"].copy_(torch.arange(rows, device=self.device))
-        st.allocate("any_active", (1,), torch.bool)
+        # the prediction network's state after the blank/<SOS> input, per row: what an admitted row starts from
+        st.allocate("h_start", (layers, rows, hidden), dt)
+        st.allocate("c_start", (layers, rows, hidden), dt)
+        st.allocate("g_start", (rows, joint_hidden), dt)
+        # the device loop's guard: it goes on while more than ``active_floor`` rows are active, the
+        # floor set on entry from ``stop_after``, the number of rows that may finish in one launch
+        st.allocate("active_floor", (1,), i64)
+        st.allocate("stop_after", (1,), i64, 1)
         if self.fused:
             n_out = self.joint.out.out_features
             st.allocate("h_next", (layers, rows, hidden), dt)  # ping-pong partner of "h"
@@ -158,7 +200,18 @@ class LabelLoopingDecoder:
         st["labels_at_frame"].zero_()
 
     # -- the step ------------------------------------------------------------------------------
-    def _replay_step(self, rows: int) -> None:
+    def _loop_guard(self, key: TransducerKey, entering: bool) -> Tensor:
+        """Whether the device loop runs another trip: while some row is active, and fewer than
+        ``stop_after`` rows finished since the loop was entered (1 when utterances wait for a row).
+        Two launches per trip (a sum and a comparison): the floor is worked out once, on entry."""
+        st = self.state
+        active = st["active"][: key.rows].sum()
+        if entering:
+            torch.clamp(active - st["stop_after"], min=0, out=st["active_floor"])
+        return active > st["active_floor"]
+
+    def _replay_step(self, key: TransducerKey) -> None:
+        rows = key.rows
         if self.fused:
             for i in range(self.steps_per_replay):
                 self.fused_step(rows, i % 2)
@@ -167,7 +220,6 @@ class LabelLoopingDecoder:
         else:
             for _ in range(self.steps_per_replay):
                 self.step(rows)
-        torch.any(self.state["active"][:rows], dim=0, keepdim=True, out=self.state["any_active"])
 
     def _project_prediction(self, h_last: Tensor, rows: int) -> None:
         """g_proj = pred(h of the last layer), as one product (also for rows whose h did not change:
@@ -245,62 +297,126 @@ class LabelLoopingDecoder:
         active.copy_(new_t < length)
 
     # -- decoding ------------------------------------------------------------------------------
-    def _prepare(self, rows: int, enc: Tensor, lengths: Tensor, max_symbols: int) -> None:
-        """Fill the state for a batch (eagerly; the start state is the LSTM after the blank/<SOS> input)."""
-        st = self.state
-        batch, frames = enc.shape[0], enc.shape[1]
-        self._set_inactive()
-        st["enc_proj"][:batch, :frames].copy_(self.joint.project_encoder(enc.to(self.dtype)))
-        lengths = lengths.to(self.device, torch.int64)
-        st["length"][:batch].copy_(lengths)
-        st["last_t"][:batch].copy_(torch.clamp(lengths - 1, min=0))
-        st["active"][:batch].copy_(lengths > 0)
-        st["max_symbols"].fill_(max_symbols)
-        h, c = st["h"][:, :rows], st["c"][:, :rows]
-        h.zero_()
-        c.zero_()
-        start = torch.full((rows,), self.blank_id, dtype=torch.int64, device=self.device)
-        g, h_new, c_new = self.prednet.step(start, h, c)
-        h.copy_(h_new)
-        c.copy_(c_new)
-        if self.fused:
-            self._project_prediction(h[-1], rows)
-        else:
-            st["g_proj"][:rows].copy_(self.joint.project_prediction(g))
+    def open_run(self, rows: int, frames: int, max_symbols: int) -> "TransducerRun":
+        """A run of ``rows`` rows (a bucket) for utterances of up to ``frames`` encoder frames."""
+        return TransducerRun(self, rows, frames, max_symbols)
 
     @torch.inference_mode()
     def decode(self, enc: Tensor, lengths: Tensor, max_symbols: int = 10) -> List[Hypothesis]:
         """enc [B, T, enc_hidden] (encoder output), lengths [B] -> one hypothesis per row."""
-        if not isinstance(max_symbols, int) or isinstance(max_symbols, bool) or max_symbols < 1:
-            raise InvalidOptionError(f"max_symbols must be an integer >= 1, got {max_symbols!r}")
-        batch, frames = enc.shape[0], enc.shape[1]
+        check_max_symbols(max_symbols)
+        batch = enc.shape[0]
         if batch == 0:
             return []
-        rows = self.bucket(batch)
-        self._ensure_capacity(rows, max(frames, 1), max_symbols)
-        if self.graph.use_graphs and not self.graph.is_captured(rows) and self.graph.mode(rows) != "eager":
-            self._set_inactive()  # warm-up and capture run the step for real: on inactive rows only
-            self.graph.capture(rows)
-        self._prepare(rows, enc, lengths, max_symbols)
-        max_len = int(lengths.max()) if lengths.numel() else 0
-        # each step advances a frame or emits a label, at most max_symbols per frame
-        limit = math.ceil((max_len * (max_symbols + 1) + 1) / self.steps_per_replay) + 1
-        st = self.state
-        for _ in range(limit):
-            self.graph(rows)
-            if not bool(st["any_active"].item()):
-                break
-        else:  # pragma: no cover - bounded by construction
-            raise RuntimeError("label-looping decode did not finish within its step bound")
-        counts = st["n_tokens"][:batch].cpu().tolist()
-        width = max(counts) if counts else 0
-        labels = st["out_labels"][:batch, :width].cpu().tolist()
-        frames_out = st["out_frames"][:batch, :width].cpu().tolist()
-        durs = st["out_durations"][:batch, :width].cpu().tolist() if self.is_tdt else None
-        return [
-            Hypothesis(labels[i][:n], frames_out[i][:n], durs[i][:n] if durs is not None else None)
-            for i, n in enumerate(counts)
-        ]
+        run = self.open_run(self.bucket(batch), max(enc.shape[1], 1), max_symbols)
+        results: List[Optional[Hypothesis]] = [None] * batch
+        scheduler = RowScheduler(lambda _: run)
+        for i, n in enumerate(lengths.tolist()):
+            scheduler.submit(max_symbols, Utterance(enc[i], int(n)), store_at(results, i))
+        scheduler.run_until_idle()
+        return results  # type: ignore[return-value]
 
     def nbytes(self) -> int:
         return self.state.nbytes() if self.state is not None else 0
+
+
+def check_max_symbols(max_symbols) -> None:
+    if not isinstance(max_symbols, int) or isinstance(max_symbols, bool) or max_symbols < 1:
+        raise InvalidOptionError(f"max_symbols must be an integer >= 1, got {max_symbols!r}")
+
+
+class TransducerRun(SlotTable):
+    """Utterances admitted into free rows of one bucket, one row each, decoded until they end."""
+
+    def __init__(self, decoder: LabelLoopingDecoder, rows: int, frames: int, max_symbols: int):
+        super().__init__(rows)  # busy slot (= its row) -> nothing tracked
+        self.decoder, self.rows, self.frames = decoder, rows, frames
+        self.key = TransducerKey(rows)
+        decoder._ensure_capacity(rows, frames, max_symbols)
+        graph = decoder.graph
+        if graph.use_graphs and not graph.is_captured(self.key) and graph.mode(self.key) != "eager":
+            decoder._set_inactive()  # warm-up and capture run the step for real: on inactive rows only
+            graph.capture(self.key)
+        decoder._set_inactive()
+        self._start_state(max_symbols)
+
+    def _start_state(self, max_symbols: int) -> None:
+        """Every row's start: the LSTM after the blank/<SOS> input (computed for all rows at once, so
+        each row's numbers are the ones a batch of this size gives it)."""
+        dec, st, rows = self.decoder, self.decoder.state, self.rows
+        st["max_symbols"].fill_(max_symbols)
+        h, c = st["h"][:, :rows], st["c"][:, :rows]
+        h.zero_()
+        c.zero_()
+        start = torch.full((rows,), dec.blank_id, dtype=torch.int64, device=dec.device)
+        g, h_new, c_new = dec.prednet.step(start, h, c)
+        st["h_start"][:, :rows].copy_(h_new)
+        st["c_start"][:, :rows].copy_(c_new)
+        if dec.fused:
+            dec._project_prediction(h_new[-1], rows)
+            st["g_start"][:rows].copy_(st["g_proj"][:rows])
+        else:
+            st["g_start"][:rows].copy_(dec.joint.project_prediction(g))
+
+    def admit(self, utterances: Sequence[Utterance]) -> List[int]:
+        """Load utterances into free rows: projected encoder output, length, cursors, start state."""
+        dec, st = self.decoder, self.decoder.state
+        for u in utterances:
+            if u.encoded.shape[0] > self.frames:
+                raise ValueError(f"an utterance of {u.encoded.shape[0]} frames does not fit a run of {self.frames}")
+        slots = self.take(len(utterances))
+        index = torch.tensor(slots, device=dec.device)
+        # one projection over the admitted utterances, padded to the longest (as a batch is encoded);
+        # rows of one encoder batch admitted together are projected straight from it, without a copy
+        if len({u.encoded.shape for u in utterances}) == 1:
+            encoded = concat_rows([u.encoded[None] for u in utterances])
+        else:
+            width = max(u.encoded.shape[0] for u in utterances)
+            encoded = utterances[0].encoded.new_zeros(len(utterances), width, utterances[0].encoded.shape[-1])
+            for i, u in enumerate(utterances):
+                encoded[i, : u.encoded.shape[0]] = u.encoded
+        width = encoded.shape[1]
+        st["enc_proj"][:, :width].index_copy_(0, index, dec.joint.project_encoder(encoded.to(dec.dtype)))
+        lengths = torch.tensor([u.length for u in utterances], dtype=torch.int64).to(dec.device)
+        st["length"].index_copy_(0, index, lengths)
+        st["last_t"].index_copy_(0, index, torch.clamp(lengths - 1, min=0))
+        st["active"].index_copy_(0, index, lengths > 0)
+        for name in ("t", "n_tokens", "labels_at_frame"):
+            st[name].index_fill_(0, index, 0)
+        st["last_label_frame"].index_fill_(0, index, -1)
+        for name in ("h", "c"):
+            st[name].index_copy_(1, index, st[name + "_start"].index_select(1, index))
+        st["g_proj"].index_copy_(0, index, st["g_start"].index_select(0, index))
+        for slot in slots:
+            self.occupy(slot, None)
+        return slots
+
+    def advance(self, refill: bool = False) -> None:
+        """Step every row: on the device loop until an utterance ends (when others wait for a row,
+        ``refill``) or all have ended; else ``steps_per_replay`` steps."""
+        self.decoder.state["stop_after"].fill_(1 if refill else self.rows)
+        self.decoder.graph(self.key)
+
+    def evict(self, slot: int) -> None:
+        """Stop an utterance before it ended (its request was cancelled): its row is free at once."""
+        self.decoder.state["active"][slot] = False
+        self.release(slot)
+
+    def collect(self) -> Dict[int, Hypothesis]:
+        dec, st = self.decoder, self.decoder.state
+        # one read of every row's flag and token count: the one host sync when no utterance ended
+        active, counts = torch.stack([st["active"][: self.rows].long(), st["n_tokens"][: self.rows]]).tolist()
+        finished = [slot for slot in self.slots() if not active[slot]]
+        if not finished:
+            return {}
+        width = max(counts[slot] for slot in finished)
+        index = torch.tensor(finished, device=dec.device)
+        names = ("out_labels", "out_frames") + (("out_durations",) if dec.is_tdt else ())
+        outputs = torch.stack([st[name].index_select(0, index)[:, :width] for name in names]).tolist()
+        results = {}
+        for i, slot in enumerate(finished):
+            n = counts[slot]
+            durations = outputs[2][i][:n] if dec.is_tdt else None
+            results[slot] = Hypothesis(outputs[0][i][:n], outputs[1][i][:n], durations)
+            self.release(slot)
+        return results

@@ -10,11 +10,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...audio import load_audio
 from ...errors import InvalidOptionError, UnsupportedCheckpointError
-from ...runtime import memory_report, place_module, resolve_device, resolve_dtype, strict_float32
+from ...results import Segment, TranscriptionInfo
+from ...runtime import RowScheduler, memory_report, place_module, resolve_device, resolve_dtype, store_at, strict_float32
 from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
 from .encoder import FastConformerEncoder, encoder_state_from_nemo
-from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder
+from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder, Utterance, check_max_symbols
 from .nemo_checkpoint import TransducerConfig, load_nemo
 from .preprocessor import MelPreprocessor
 
@@ -91,6 +93,7 @@ class TransducerModel:
         chunk_seconds: float = 60.0,
         chunk_context_seconds: float = 10.0,
         chunk_batch: int = 8,
+        decode_loop: str = "auto",
     ):
         checkpoint = load_nemo(path)
         sd = checkpoint.state_dict
@@ -102,7 +105,7 @@ class TransducerModel:
         self._setup(checkpoint.path, checkpoint.config, checkpoint.tokenizer, network, preprocessor, device,
                     compute_type, use_graphs, buckets=buckets, steps_per_replay=steps_per_replay,
                     max_full_context_seconds=max_full_context_seconds, chunk_seconds=chunk_seconds,
-                    chunk_context_seconds=chunk_context_seconds, chunk_batch=chunk_batch)
+                    chunk_context_seconds=chunk_context_seconds, chunk_batch=chunk_batch, decode_loop=decode_loop)
 
     @classmethod
     def from_network(cls, network: TransducerNetwork, config: TransducerConfig, tokenizer, device: str = "auto",
@@ -116,7 +119,7 @@ class TransducerModel:
     def _setup(self, path, cfg: TransducerConfig, tokenizer, network: TransducerNetwork, preprocessor: MelPreprocessor,
                device, compute_type, use_graphs, *, buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
                steps_per_replay: int = 16, max_full_context_seconds: float = 300.0, chunk_seconds: float = 60.0,
-               chunk_context_seconds: float = 10.0, chunk_batch: int = 8) -> None:
+               chunk_context_seconds: float = 10.0, chunk_batch: int = 8, decode_loop: str = "auto") -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(compute_type, self.device)
         self.model_path = path
@@ -126,7 +129,7 @@ class TransducerModel:
         self.network = place_module(network, self.device, self.dtype)
         self.decoder = LabelLoopingDecoder(
             self.network.prednet, self.network.joint, cfg.blank_id, cfg.durations, self.device,
-            use_graphs=use_graphs, buckets=buckets, steps_per_replay=steps_per_replay,
+            use_graphs=use_graphs, buckets=buckets, steps_per_replay=steps_per_replay, decode_loop=decode_loop,
         )
         factor = cfg.encoder.subsampling_factor
         frames_per_second = cfg.preprocessor.sample_rate / cfg.preprocessor.hop_length
@@ -256,8 +259,6 @@ class TransducerModel:
 
     # -- transcription -------------------------------------------------------------------------
     def _load(self, audio: AudioInput) -> np.ndarray:
-        from ...audio import load_audio
-
         return load_audio(audio, self.sample_rate)
 
     def _result(self, hyp: Hypothesis, samples: int) -> TransducerResult:
@@ -275,8 +276,7 @@ class TransducerModel:
     def _check_max_symbols(self, max_symbols: Optional[int]) -> int:
         if max_symbols is None:
             return self.config.max_symbols
-        if not isinstance(max_symbols, int) or isinstance(max_symbols, bool) or max_symbols < 1:
-            raise InvalidOptionError(f"max_symbols must be an integer >= 1, got {max_symbols!r}")
+        check_max_symbols(max_symbols)
         return max_symbols
 
     def transcribe(self, audio: AudioInput, max_symbols: Optional[int] = None) -> TransducerResult:
@@ -294,26 +294,38 @@ class TransducerModel:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         samples = [self._load(a) for a in audios]
-        order = sorted(range(len(samples)), key=lambda i: -samples[i].shape[0])  # similar lengths together
-        results: List[Optional[TransducerResult]] = [None] * len(samples)
-        for first in range(0, len(order), batch_size):
-            ids = order[first:first + batch_size]
-            hyps = self._decode_samples([samples[i] for i in ids], max_symbols)
-            for i, hyp in zip(ids, hyps):
-                results[i] = self._result(hyp, samples[i].shape[0])
-        return results  # type: ignore[return-value]
+        hyps = self._decode_samples(samples, batch_size, max_symbols)
+        return [self._result(hyp, x.shape[0]) for hyp, x in zip(hyps, samples)]
 
     @torch.inference_mode()
-    def _decode_samples(self, samples: List[np.ndarray], max_symbols: int) -> List[Hypothesis]:
-        feats, lengths = self.features(samples)
-        enc, enc_len = self.encode(feats, lengths)
+    def _decode_samples(self, samples: List[np.ndarray], batch_size: int, max_symbols: int) -> List[Hypothesis]:
+        """Encode ``batch_size`` inputs at a time, longest first, and decode them on the row scheduler:
+        while the decoder works on one group's utterances the next group is encoded, and a row whose
+        utterance ended takes the next waiting one at once."""
+        if not samples:
+            return []
+        order = sorted(range(len(samples)), key=lambda i: -samples[i].shape[0])  # similar lengths together
+        groups = [order[first:first + batch_size] for first in range(0, len(order), batch_size)]
+        results: List[Optional[Hypothesis]] = [None] * len(samples)
+        run = None
+        scheduler = RowScheduler(lambda _: run)
+        for ids in groups:
+            enc, enc_len = self.encode(*self.features([samples[i] for i in ids]))
+            if run is None:  # the longest inputs come first: their frames size the run
+                rows = self.decoder.bucket(min(batch_size, len(samples)))
+                run = self.decoder.open_run(rows, max(enc.shape[1], 1), max_symbols)
+            for j, (i, n) in enumerate(zip(ids, enc_len.tolist())):
+                scheduler.submit(max_symbols, Utterance(enc[j], int(n)), store_at(results, i))
+            with strict_float32(self.device, self.dtype):
+                while scheduler.waiting:  # admit this group; rows still busy go on with the next
+                    scheduler.step()
         with strict_float32(self.device, self.dtype):
-            return self.decoder.decode(enc, enc_len, max_symbols)
+            scheduler.run_until_idle()
+        return results  # type: ignore[return-value]
 
     # -- segments (the command line and the transcript writers) --------------------------------
     def segments(self, result: TransducerResult, max_gap_seconds: float = 1.0, max_segment_seconds: float = 30.0):
         """Whisper-style segments from token times: split after . ? ! and at long pauses or length."""
-        from ..whisper.types import Segment
 
         fs = result.frame_seconds
         tokens = result.tokens
@@ -355,7 +367,6 @@ class TransducerModel:
 
     def transcribe_segments(self, audio: AudioInput, max_symbols: Optional[int] = None, **_ignored):
         """(segments iterator, info) like ``WhisperModel.transcribe``, for the CLI and the writers."""
-        from ..whisper.types import TranscriptionInfo
 
         result = self.transcribe(audio, max_symbols=max_symbols)
         info = TranscriptionInfo(

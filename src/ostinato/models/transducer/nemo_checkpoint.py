@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ...errors import ModelLoadError, UnsupportedCheckpointError
+from ...loading import LANGUAGE_MODEL, WHISPER, checkpoint_family, wrong_family
 from .tokenizer import SentencePieceDecoder
 
 CONFIG_NAME = "model_config.yaml"
@@ -117,6 +118,9 @@ def _member_name(name: str) -> str:
 def _read_archive(path: str) -> Dict[str, bytes]:
     if not os.path.exists(path):
         raise ModelLoadError(f"model file not found: {path}")
+    family = checkpoint_family(path)
+    if family in (WHISPER, LANGUAGE_MODEL):
+        raise wrong_family(path, family)
     if os.path.isdir(path):
         raise ModelLoadError(f"{path} is a directory; a NeMo model is a single .nemo file")
     try:

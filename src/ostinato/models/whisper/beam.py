@@ -27,20 +27,26 @@ A ``BeamRun`` admits windows into free beam groups while others are still search
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Sequence
+from typing import Dict, List, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
-from ...runtime import DeviceState, StepGraph
-# decoding imports this module only when a beam search starts, so importing it here is safe.
-from .decoding import WindowResult, WindowSlots, normalized_score, prompt_length
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .decoding import SearchOptions, WindowDecoder, WindowRequest
+from ...runtime import DeviceState, SlotTable, StepGraph
+from .search import SearchOptions, WindowJob, WindowResult, normalized_score, prompt_length
 
 _PREFIX_SECONDARY_SCORE = -1e10  # CTranslate2's score for the beams that do not carry a forced prefix
 CACHE_BUCKETS = (32, 64, 128, 256)  # cache lengths reordered per step (and the full context)
+
+
+class BeamKey(NamedTuple):
+    """A beam step graph: one per distinct value."""
+
+    windows: int  # windows of the run (rows: windows x beams)
+    beams: int  # K
+    penalize: bool  # a repetition penalty is on
+    ngram: int  # no_repeat_ngram_size (0: off)
+    filled: int  # cache positions reordered per step: a bound on those written, rounded up to a bucket
 
 
 def cache_bucket(filled: int, n_ctx: int) -> int:
@@ -72,7 +78,10 @@ class _Prefixed:
 
 
 class BeamSearch:
-    def __init__(self, decoder: "WindowDecoder"):
+    """Beam search's own buffers and step over a ``WindowDecoder``'s state (passed in: the decoder
+    owns the rows, the logit rules and the token bookkeeping this search reuses)."""
+
+    def __init__(self, decoder):
         self.decoder = decoder
         windows = decoder.max_rows  # at most max_rows // 2 windows with K >= 2; a few bytes each
         ctx = decoder.model.dims.n_text_ctx
@@ -105,8 +114,8 @@ class BeamSearch:
         st["window_done"].fill_(True)
 
     # -- the step ------------------------------------------------------------------------------
-    def _step(self, key) -> None:
-        _, W, K, penalize, ngram, filled = key
+    def _step(self, key: BeamKey) -> None:
+        W, K, penalize, ngram, filled = key
         dec = self.decoder
         ds, bs = dec.state, self.state
         R, C = W * K, 2 * K
@@ -118,9 +127,9 @@ class BeamSearch:
         cand_ids = torch.arange(C, device=device)
         window_rows = torch.arange(W, device=device)[:, None] * K  # [W, 1]
 
-        logits = dec._run_decoder(R)
-        dec._capture_no_speech(logits, R)
-        logprobs = dec._logprobs(logits, R, penalize, ngram)
+        logits = dec.run_decoder(R)
+        dec.record_no_speech(logits, R)
+        logprobs = dec.logprobs(logits, R, penalize, ngram)
 
         step = ds["n_generated"][:R].view(W, K)[:, 0]  # every beam of a window is at the same step
         prefix_length = ds["sample_begin"][:R].view(W, K)[:, 0]
@@ -194,7 +203,7 @@ class BeamSearch:
         active = go_on[:, None].expand(W, K).flatten()
         running = ds["sum_logprob"][:R]
         running.copy_(torch.where(active, new_score, running))
-        dec._append(R, new_token, active, penalize)
+        dec.append_tokens(R, new_token, active, penalize)
         ds["done"][:R].copy_(~active)
 
     def _keep_best(
@@ -232,14 +241,19 @@ class BeamSearch:
         has.copy_(has | better)
 
     # -- runs ----------------------------------------------------------------------------------
-    def start(self, options: "SearchOptions", suppress_tokens, suppress_at_begin, windows: int) -> "BeamRun":
-        return BeamRun(self, options, suppress_tokens, suppress_at_begin, windows)
+    def start(
+        self, options: SearchOptions, suppress_tokens, suppress_at_begin, windows: int, batch_prefix: bool = False
+    ) -> "BeamRun":
+        return BeamRun(self, options, suppress_tokens, suppress_at_begin, windows, batch_prefix)
 
 
-class BeamRun(WindowSlots):
+class BeamRun(SlotTable):
     """Beam search over windows admitted into free groups of K rows while other windows search."""
 
-    def __init__(self, search: BeamSearch, options: "SearchOptions", suppress, suppress_at_begin, windows: int):
+    def __init__(
+        self, search: BeamSearch, options: SearchOptions, suppress, suppress_at_begin, windows: int,
+        batch_prefix: bool = False,
+    ):
         dec = search.decoder
         self.search, self.decoder, self.options = search, dec, options
         K = self.K = int(options.beam_size)
@@ -251,31 +265,33 @@ class BeamRun(WindowSlots):
         self.penalize = options.repetition_penalty != 1.0
         self.ngram = int(options.no_repeat_ngram_size)
         self.n_ctx = dec.model.dims.n_text_ctx
+        self.batch_prefix = batch_prefix
         # Every cache bucket's graph before any window is loaded: capture runs on a reset state.
         for filled in sorted({cache_bucket(f, self.n_ctx) for f in CACHE_BUCKETS + (self.n_ctx,)}, reverse=True):
-            dec._capture(search.graph, self._key(filled))
-        dec._reset_rows()
+            dec.capture_graph(search.graph, self._key(filled))
+        dec.reset_rows()
         search.reset()
         dec.set_rules(suppress, suppress_at_begin, options)
         search.state["length_penalty"].fill_(options.length_penalty)
         super().__init__(windows)  # busy slot -> cache positions its rows may have written (host bound)
 
-    def _key(self, filled: int):
-        return ("beam", self.windows, self.K, self.penalize, self.ngram, cache_bucket(filled, self.n_ctx))
+    def _key(self, filled: int) -> BeamKey:
+        return BeamKey(self.windows, self.K, self.penalize, self.ngram, cache_bucket(filled, self.n_ctx))
 
-    def admit(self, audio_features: Tensor, requests: Sequence["WindowRequest"], batch_prefix: bool = False) -> List[int]:
+    def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
         """Load windows into free beam groups; returns their slots.
 
-        ``batch_prefix``: as CTranslate2 does for one batch, a forced prefix in any of these
-        windows switches the prefix handling on for all of them; otherwise each window decides
-        for itself (as when it is decoded alone).
+        With ``batch_prefix`` (set when the run was started), as CTranslate2 does for one batch, a
+        forced prefix in any of the windows admitted together switches the prefix handling on for
+        all of them; otherwise each window decides for itself (as when it is decoded alone).
         """
         tok = self.decoder.tokenizer
-        slots = self._take(len(requests))
+        requests = [j.request for j in jobs]
+        slots = self.take(len(requests))
         starts = [prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests]
-        self.decoder.admit_rows([slot * self.K for slot in slots], self.K, audio_features, requests)
+        self.decoder.admit_rows([slot * self.K for slot in slots], self.K, jobs)
         prefixed = [len(r.prompt) > start for r, start in zip(requests, starts)]
-        if batch_prefix:
+        if self.batch_prefix:
             prefixed = [any(prefixed)] * len(requests)
         bs = self.search.state
         index = torch.tensor(slots, device=self.decoder.device)
@@ -294,20 +310,27 @@ class BeamRun(WindowSlots):
         put("top_finished", [False] * n)
         put("has_prefix", prefixed)
         for slot, start in zip(slots, starts):
-            self._busy[slot] = start  # step s writes cache position start - 1 + s
+            self.occupy(slot, start)  # step s writes cache position start - 1 + s
         return slots
 
-    def advance(self) -> None:
+    def advance(self, refill: bool = True) -> None:
+        """``steps_per_replay`` beam steps (``refill``: the scheduler's hint, not needed here)."""
         K = self.decoder.steps_per_replay
-        filled = max(self._busy.values()) + K  # a bound on the positions written by the end of this replay
+        filled = max(self.values()) + K  # a bound on the positions written by the end of this replay
         self.search.graph(self._key(filled))
-        for slot in self._busy:
-            self._busy[slot] += K
+        for slot in self.slots():
+            self[slot] += K
+
+    def evict(self, slot: int) -> None:
+        """Stop a window before it finished (its request was cancelled): its beams are free at once."""
+        self.search.state["window_done"][slot] = True
+        self.decoder.state["done"][slot * self.K : (slot + 1) * self.K] = True
+        self.release(slot)
 
     def collect(self) -> Dict[int, WindowResult]:
         bs = self.search.state
         done = bs["window_done"][: self.windows].tolist()  # the one host sync per replay
-        finished = [slot for slot in self._busy if done[slot]]
+        finished = [slot for slot in self.slots() if done[slot]]
         if not finished:
             return {}
         index = torch.tensor(finished, device=self.decoder.device)
@@ -324,5 +347,5 @@ class BeamRun(WindowSlots):
                 hyp = tokens[i][: lengths[i]]
                 score = normalized_score(raw[i], len(hyp), self.options.length_penalty)
                 results[slot] = WindowResult(hyp, raw[i], no_speech[i], score)
-            self._release(slot)
+            self.release(slot)
         return results

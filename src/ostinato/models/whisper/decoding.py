@@ -26,121 +26,48 @@ and rules.
 """
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ...runtime import DeviceState, StepGraph, bucket_for, loop_rung
+from ...runtime import (
+    DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, loop_rung, resolve_decode_loop,
+    store_at,
+)
 from . import rules_kernel
+from .beam import BeamSearch
+from ...ops.triton_support import kernels_can_run
 from .logit_rules import VocabLayout, apply_logit_rules
 from .modules import Whisper, fused_step_supported
+from .search import (  # noqa: F401 - re-exported: the decoder's request and result types
+    MASK32,
+    SearchOptions,
+    WindowJob,
+    WindowRequest,
+    WindowResult,
+    decode_budget,
+    max_candidates,
+    mix32,
+    normalized_score,
+    pick_best,
+    prompt_length,
+    row_seed,
+    window_jobs,
+    window_seed,
+    with_seed,
+)
 from .tokenizer import WhisperTokenizer
 
 
-@dataclass
-class WindowRequest:
-    prompt: List[int]  # full prompt: previous text, SOT sequence, optional <|notimestamps|>, forced prefix
-    timestamps: bool
-    max_initial_timestamp_index: int
-    max_new_tokens: int  # decoding steps from the start token on: forced prefix and end-of-text included
-    rng_seed: Optional[int] = None  # sampling seed of this window (None: the decoder's seed and call count)
+class GreedyKey(NamedTuple):
+    """A greedy or sampling step graph: one per distinct value."""
 
-
-@dataclass
-class WindowResult:
-    tokens: List[int]  # forced prefix and generated tokens, end-of-text removed
-    sum_logprob: float  # includes the end-of-text token's log-probability when it was produced
-    no_speech_prob: float
-    score: Optional[float] = None  # CTranslate2's score: sum_logprob / len(tokens) ** length_penalty
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How one decoder call picks tokens; the same for every window of the call."""
-
-    beam_size: int = 1
-    patience: float = 1.0
-    length_penalty: float = 1.0
-    temperature: float = 0.0  # > 0: sample (beam_size must be 1)
-    num_hypotheses: int = 1  # independent samples per window when sampling (best_of)
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
-
-    @property
-    def sampling(self) -> bool:
-        return self.temperature > 0
-
-    @property
-    def max_candidates(self) -> int:
-        """Finished hypotheses a beam search collects before it stops: round(beam_size * patience)."""
-        return max_candidates(self.beam_size, self.patience)
-
-
-def max_candidates(beam_size: int, patience: float) -> int:
-    # CTranslate2 rounds the float product half away from zero (std::round).
-    return int(math.floor(float(np.float32(beam_size) * np.float32(patience)) + 0.5))
-
-
-def prompt_length(prompt: Sequence[int], sot: int, no_timestamps: int) -> int:
-    """Tokens up to the end of the start-of-transcript sequence, as CTranslate2 counts them.
-
-    That is <|startoftranscript|> and the task tokens after it (language, task,
-    <|notimestamps|>); whatever follows is a prefix the decoder is forced through.
-    """
-    try:
-        index = list(prompt).index(sot)
-    except ValueError:
-        raise ValueError("the prompt has no <|startoftranscript|> token") from None
-    while index < len(prompt) and sot <= prompt[index] <= no_timestamps:
-        index += 1
-    return index
-
-
-def decode_budget(prompt: Sequence[int], sot: int, no_timestamps: int, max_length: int) -> int:
-    """CTranslate2's step limit for a window: at most half the context, and never past its end."""
-    start_step = prompt_length(prompt, sot, no_timestamps) - 1
-    return min(max_length // 2, max_length - start_step)
-
-
-def normalized_score(sum_logprob: float, length: int, length_penalty: float) -> float:
-    """A hypothesis' final score as CTranslate2 computes it (float32): sum / length ** penalty."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        denominator = np.power(np.float32(length), np.float32(length_penalty))
-        return float(np.float32(sum_logprob) / denominator)
-
-
-def pick_best(scores: Sequence[float]) -> int:
-    """Index of the highest score, the earliest on ties; NaN scores rank last."""
-    return max(range(len(scores)), key=lambda i: (not math.isnan(scores[i]), scores[i], -i))
-
-
-_MASK32 = 0xFFFFFFFF
-# Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is the same
-# in Python and in torch on every device (no reliance on integer overflow).
-_MIX1, _MIX2 = 0x7FEB352D, 0x68E31DA5
-
-
-def mix32(x):
-    """A 32-bit integer hash (xorshift-multiply rounds) of Python ints or int64 tensors in [0, 2**32)."""
-    x = x ^ (x >> 16)
-    x = (x * _MIX1) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MIX2) & _MASK32
-    return x ^ (x >> 16)
-
-
-def window_seed(seed: int, call: int) -> int:
-    """The sampling seed of a transcription's ``call``-th decode, from its 64-bit ``seed``."""
-    return mix32(mix32(mix32(seed & _MASK32) ^ ((seed >> 32) & _MASK32)) ^ (call & _MASK32))
-
-
-def row_seed(window: int, hypothesis: int) -> int:
-    return mix32(window ^ mix32(hypothesis + 1))
+    rows: int  # rows the graph steps: a bucket of windows, or windows x samples
+    sample: bool = False  # Gumbel-max sampling instead of argmax
+    penalize: bool = False  # a repetition penalty is on
+    ngram: int = 0  # no_repeat_ngram_size (0: off)
 
 
 class WindowDecoder:
@@ -154,13 +81,14 @@ class WindowDecoder:
         buckets: Sequence[int] = (1,),
         steps_per_replay: int = 8,
         capacity: int = 1,
-        device_loop: bool = True,
+        decode_loop: str = "auto",
     ):
         """``buckets``: batch sizes of plain greedy calls (one graph each). ``capacity``: rows the
         state holds at least, for beam search (windows x beam) and sampling (windows x best_of).
         ``steps_per_replay``: steps per graph replay (and per look at the done flags).
-        ``device_loop``: greedy and sampling calls loop on the device until a row finishes, where
-        the device can (beam search keeps K steps per replay: its graphs are keyed by a length bound)."""
+        ``decode_loop``: the top rung (see ``runtime.resolve_decode_loop``); on "device", greedy
+        and sampling calls loop on the device until a row finishes (beam search keeps K steps per
+        replay: its graphs are keyed by a length bound)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -173,26 +101,26 @@ class WindowDecoder:
         # The one-kernel logit rules serve half-precision models on CUDA; float32 keeps PyTorch's
         # ops, so its results stay the same on every device.
         dtype = model.decoder.token_embedding.weight.dtype
-        self._fused_rules = dtype in (torch.float16, torch.bfloat16) and rules_kernel.available(self.device)
+        self._fused_rules = kernels_can_run(self.device, dtype)
         if fused_step_supported(self.device, dtype, dims.n_text_state // dims.n_text_head):
             model.decoder.pack_self_attention()  # one q/k/v projection kernel per fused step; same values
+        self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
+        use_graphs = self.decode_loop != "eager"
         graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay)
-        if device_loop:
+        if self.decode_loop == "device":
             # Enough trips for a row to run from the first position to the last of the text context.
             trips = dims.n_text_ctx // self.steps_per_replay + 2
             graph_options.update(loop_guard=self._loop_guard, max_loop_trips=trips)
         self.graph = StepGraph(self._step, device, name="whisper decode step", **graph_options)
         self.sample_graph = StepGraph(self._step, device, name="whisper sampling step", **graph_options)
-        self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=device_loop)
+        self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
         self.seed(0)
 
     @property
-    def beam(self):
+    def beam(self) -> BeamSearch:
         """The beam search over this decoder's state (its own buffers are allocated on first use)."""
         if self._beam is None:
-            from .beam import BeamSearch
-
             self._beam = BeamSearch(self)
         return self._beam
 
@@ -269,7 +197,7 @@ class WindowDecoder:
         buf = self.state[name]
         return [buf[i, :rows] for i in range(buf.shape[0])]
 
-    def _reset_rows(self) -> None:
+    def reset_rows(self) -> None:
         """Put every row in a valid, finished state (safe to run the step on: capture warm-up)."""
         st = self.state
         for name in ("position", "n_generated", "max_new", "sum_logprob", "no_speech", "max_initial_timestamp"):
@@ -282,19 +210,10 @@ class WindowDecoder:
             st[name].zero_()
 
     # -- the step ------------------------------------------------------------------------------
-    # A step key is the row count (plain greedy, one graph per bucket) or
-    # ("greedy", rows, sample, penalize, ngram) when sampling or a repetition rule is on.
-    @staticmethod
-    def _parse_key(key) -> Tuple[int, bool, bool, int]:
-        if isinstance(key, tuple):
-            _, rows, sample, penalize, ngram = key
-            return rows, sample, penalize, ngram
-        return key, False, False, 0
-
-    def _loop_guard(self, key, entering: bool) -> Tensor:
+    def _loop_guard(self, key: GreedyKey, entering: bool) -> Tensor:
         """Whether the device loop runs K more steps: not once a row has finished since the loop was
         entered (its window can be collected and the row refilled), nor when no row is active."""
-        rows = self._parse_key(key)[0]
+        rows = key.rows
         finished = self.state["done"][:rows].sum()
         mark = self.state["finished_at_entry"]
         if entering:
@@ -302,10 +221,10 @@ class WindowDecoder:
             return finished < rows
         return finished == mark
 
-    def _step(self, key) -> None:
-        rows, sample, penalize, ngram = self._parse_key(key)
+    def _step(self, key: GreedyKey) -> None:
+        rows, sample, penalize, ngram = key
         st = self.state
-        logits = self._run_decoder(rows)
+        logits = self.run_decoder(rows)
         if self._fused_rules and not sample:
             # Rules, log-softmax, argmax, the no-speech probability and everything below in one kernel.
             rows_state = {name: st[name][:rows] for name in self._ADVANCED}
@@ -315,8 +234,8 @@ class WindowDecoder:
                 no_speech=self.tokenizer.no_speech, rows_state=rows_state,
             )
             return
-        self._capture_no_speech(logits, rows)
-        logprobs = self._logprobs(logits, rows, penalize, ngram)
+        self.record_no_speech(logits, rows)
+        logprobs = self.logprobs(logits, rows, penalize, ngram)
         if sample:
             # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T).
             uniform = self._uniform_noise(rows)
@@ -336,7 +255,7 @@ class WindowDecoder:
         eot = self.tokenizer.eot
         next_token = torch.where(active, next_token, torch.full_like(next_token, eot))
         st["sum_logprob"][:rows].add_(torch.where(active, logprob, torch.zeros_like(logprob)))
-        self._append(rows, next_token, active, penalize)
+        self.append_tokens(rows, next_token, active, penalize)
         done = st["done"][:rows]
         done.copy_(done | (next_token == eot) | (n_gen >= st["max_new"][:rows]))
 
@@ -347,13 +266,13 @@ class WindowDecoder:
     def _uniform_noise(self, rows: int) -> Tensor:
         """[rows, V] uniform numbers in (0, 1): a hash of (row seed, row step, token id)."""
         st = self.state
-        step_key = mix32(st["rng_key"][:rows] ^ mix32(st["n_generated"][:rows] & _MASK32))
+        step_key = mix32(st["rng_key"][:rows] ^ mix32(st["n_generated"][:rows] & MASK32))
         bits = mix32(step_key[:, None] ^ st["token_hash"][None, :])
         # 23 bits: (k + 0.5) / 2**23 is exact in float32 and strictly inside (0, 1), so the Gumbel
         # noise -log(-log(u)) is always finite (24 bits would round the top value up to 1.0).
         return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
-    def _run_decoder(self, rows: int) -> Tensor:
+    def run_decoder(self, rows: int) -> Tensor:
         """One decoder step on each row's current token: float32 logits [rows, n_vocab]."""
         st = self.state
         return self.model.decoder(
@@ -365,7 +284,7 @@ class WindowDecoder:
             self._layer_views("cross_v", rows),
         )[:, 0]
 
-    def _capture_no_speech(self, logits: Tensor, rows: int) -> None:
+    def record_no_speech(self, logits: Tensor, rows: int) -> None:
         # The no-speech probability is read off the raw logits at the <|startoftranscript|> step.
         no_speech = torch.exp(logits[:, self.tokenizer.no_speech] - torch.logsumexp(logits, dim=-1))
         self._store_no_speech(no_speech, rows)
@@ -397,7 +316,7 @@ class WindowDecoder:
         repeated n-grams, suppressed tokens, suppression at the first free step, timestamp rules."""
         return apply_logit_rules(self._penalized(logits, rows, penalize), self.layout, *self._rule_state(rows, ngram))
 
-    def _logprobs(self, logits: Tensor, rows: int, penalize: bool, ngram: int) -> Tensor:
+    def logprobs(self, logits: Tensor, rows: int, penalize: bool, ngram: int) -> Tensor:
         """log_softmax of the filtered logits (one fused kernel where available)."""
         if self._fused_rules:
             return rules_kernel.fused_filtered_log_softmax(
@@ -420,7 +339,7 @@ class WindowDecoder:
         counts = torch.zeros(rows, self.model.dims.n_vocab, dtype=torch.int32, device=seq.device)
         return counts.scatter_add_(1, following, match.to(torch.int32)) > 0
 
-    def _append(self, rows: int, next_token: Tensor, active: Tensor, penalize: bool) -> None:
+    def append_tokens(self, rows: int, next_token: Tensor, active: Tensor, penalize: bool) -> None:
         """Record each active row's next token and move the row on by one position."""
         st = self.state
         n_gen = st["n_generated"][:rows]
@@ -447,16 +366,20 @@ class WindowDecoder:
     # -- runs: windows admitted into free rows -------------------------------------------------
     def start(
         self,
-        options: "SearchOptions",
+        options: SearchOptions,
         suppress_tokens: Sequence[int],
         suppress_at_begin: Sequence[int],
         windows: int,
+        batch_prefix: bool = False,
     ):
-        """A run of up to ``windows`` concurrent windows with these options (captures its graphs)."""
+        """A run of up to ``windows`` concurrent windows with these options (captures its graphs).
+
+        ``batch_prefix`` (beam search): as CTranslate2 does for one batch, a forced prefix in any
+        window admitted together switches the prefix handling on for all of them."""
         if options.beam_size > 1:
             if options.sampling:
                 raise ValueError("beam search does not sample: use temperature 0 with beam_size > 1")
-            return self.beam.start(options, suppress_tokens, suppress_at_begin, windows)
+            return self.beam.start(options, suppress_tokens, suppress_at_begin, windows, batch_prefix)
         return GreedyRun(self, options, suppress_tokens, suppress_at_begin, windows)
 
     def decode(
@@ -472,15 +395,14 @@ class WindowDecoder:
         n = len(requests)
         if audio_features.shape[0] != n:
             raise ValueError(f"{audio_features.shape[0]} windows of audio but {n} requests")
-        run = self.start(options, suppress_tokens, suppress_at_begin, n)
         seed = self.next_window_seed()
-        requests = [r if r.rng_seed is not None else _with_seed(r, seed ^ i) for i, r in enumerate(requests)]
-        slots = run.admit(audio_features, requests, batch_prefix=True)
-        results: Dict[int, WindowResult] = {}
-        while run.busy:
-            run.advance()
-            results.update(run.collect())
-        return [results[slot] for slot in slots]
+        requests = [r if r.rng_seed is not None else with_seed(r, seed ^ i) for i, r in enumerate(requests)]
+        scheduler = RowScheduler(lambda _: self.start(options, suppress_tokens, suppress_at_begin, n, batch_prefix=True))
+        results: List[Optional[WindowResult]] = [None] * n
+        for i, job in enumerate(window_jobs(audio_features, requests)):
+            scheduler.submit(options, job, store_at(results, i))
+        scheduler.run_until_idle()
+        return results  # type: ignore[return-value]
 
     def rows_for(self, windows: int, options: SearchOptions) -> int:
         """Decoder rows a call of ``windows`` windows with ``options`` occupies."""
@@ -488,10 +410,10 @@ class WindowDecoder:
             return windows * max(1, options.num_hypotheses)
         return windows * max(1, options.beam_size)
 
-    def _capture(self, graph: StepGraph, key) -> None:
+    def capture_graph(self, graph: StepGraph, key) -> None:
         """Capture ``key``'s graph first if it has none yet: capture runs the step on a reset state."""
         if graph.use_graphs and not graph.is_captured(key):
-            self._reset_rows()
+            self.reset_rows()
             if self._beam is not None:
                 self._beam.reset()
             graph.capture(key)
@@ -504,11 +426,11 @@ class WindowDecoder:
         st["temperature"].fill_(options.temperature if options.sampling else 1.0)
         st["repetition_penalty"].fill_(options.repetition_penalty)
 
-    def admit_rows(
-        self, first_rows: Sequence[int], per: int, audio_features: Tensor, requests: Sequence[WindowRequest]
-    ) -> None:
+    def admit_rows(self, first_rows: Sequence[int], per: int, jobs: Sequence[WindowJob]) -> None:
         """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples)."""
         st = self.state
+        audio_features = concat_rows([j.audio_features for j in jobs])  # a view when they were one batch
+        requests = [j.request for j in jobs]
         index = torch.tensor([first + j for first in first_rows for j in range(per)], device=self.device)
         layers = range(st["cross_k"].shape[0])
         self.model.decoder.write_cross_kv(
@@ -520,7 +442,7 @@ class WindowDecoder:
             keys = torch.tensor([row_seed(window, j) for j in range(per)], dtype=torch.int64)
             st["rng_key"][first : first + per].copy_(keys)
             if per > 1:
-                self._copy_row(first, range(first + 1, first + per))
+                self.copy_row(first, range(first + 1, first + per))
 
     def read_rows(self, rows: Sequence[int]) -> Tuple[list, list, list, list]:
         """(n_generated, out_tokens, sum_logprob, no_speech) of ``rows``, as Python lists."""
@@ -533,7 +455,7 @@ class WindowDecoder:
             st["no_speech"].index_select(0, index).tolist(),
         )
 
-    def _copy_row(self, source: int, targets: Sequence[int]) -> None:
+    def copy_row(self, source: int, targets: Sequence[int]) -> None:
         st = self.state
         index = torch.tensor(list(targets), device=self.device)
         for name in self.ROW_BUFFERS:
@@ -598,38 +520,7 @@ class WindowDecoder:
         st["done"][row] = False
 
 
-def _with_seed(request: WindowRequest, seed: int) -> WindowRequest:
-    return WindowRequest(request.prompt, request.timestamps, request.max_initial_timestamp_index,
-                         request.max_new_tokens, seed)
-
-
-class WindowSlots:
-    """The window slots of a run: which are free, and per busy slot a value the run tracks."""
-
-    def __init__(self, windows: int):
-        self._free = list(range(windows))
-        self._busy: Dict[int, int] = {}
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._busy)
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    def _take(self, count: int) -> List[int]:
-        if count > len(self._free):
-            raise ValueError(f"{count} windows but only {len(self._free)} free slots in this run")
-        return [self._free.pop(0) for _ in range(count)]
-
-    def _release(self, slot: int) -> None:
-        del self._busy[slot]
-        self._free.append(slot)
-        self._free.sort()
-
-
-class GreedyRun(WindowSlots):
+class GreedyRun(SlotTable):
     """Greedy or sampled decoding of windows admitted into free row groups of one run.
 
     Each window takes ``per`` rows (``best_of`` samples, else one); all rows step together in one
@@ -643,42 +534,49 @@ class GreedyRun(WindowSlots):
         ngram = int(options.no_repeat_ngram_size)
         if self.per == 1 and not (options.sampling or penalize or ngram):
             rows = bucket_for(windows, decoder.buckets)
-            self.key, self.graph = rows, decoder.graph
         else:
             rows = windows * self.per
             if rows > decoder.max_rows:
                 raise ValueError(
                     f"{windows} windows x {self.per} samples need {rows} rows; the decoder holds {decoder.max_rows}"
                 )
-            self.key = ("greedy", rows, options.sampling, penalize, ngram)
-            self.graph = decoder.sample_graph if options.sampling else decoder.graph
+        self.key = GreedyKey(rows, options.sampling, penalize, ngram)
+        self.graph = decoder.sample_graph if options.sampling else decoder.graph
         self.windows = windows
-        decoder._capture(self.graph, self.key)
-        decoder._reset_rows()
+        decoder.capture_graph(self.graph, self.key)
+        decoder.reset_rows()
         decoder.set_rules(suppress, suppress_at_begin, options)
         self.rows = rows
         super().__init__(windows)  # busy slot -> its first row
 
-    def admit(self, audio_features: Tensor, requests: Sequence[WindowRequest], batch_prefix: bool = False) -> List[int]:
-        """Load windows into free slots; returns their slot numbers (``batch_prefix`` is for beams)."""
-        slots = self._take(len(requests))
+    def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
+        """Load windows into free slots; returns their slot numbers."""
+        slots = self.take(len(jobs))
         firsts = [slot * self.per for slot in slots]
-        self.decoder.admit_rows(firsts, self.per, audio_features, requests)
-        self._busy.update(zip(slots, firsts))
+        self.decoder.admit_rows(firsts, self.per, jobs)
+        for slot, first in zip(slots, firsts):
+            self.occupy(slot, first)
         return slots
 
-    def advance(self) -> None:
-        """Step every row (finished rows are masked): on the device loop until a row finishes, else
-        ``steps_per_replay`` steps."""
+    def advance(self, refill: bool = True) -> None:
+        """Step every row (finished rows are masked): on the device loop until a row finishes (its
+        window's audio needs the result for its next window, so whether others wait does not
+        matter), else ``steps_per_replay`` steps."""
         self.graph(self.key)
+
+    def evict(self, slot: int) -> None:
+        """Stop a window before it finished (its request was cancelled): its rows are free at once."""
+        first = self[slot]
+        self.decoder.state["done"][first : first + self.per] = True
+        self.release(slot)
 
     def collect(self) -> Dict[int, WindowResult]:
         """Results of the windows that finished since the last look; their slots become free."""
         done = self.decoder.state["done"][: self.rows].tolist()  # the one host sync per advance
-        finished = [slot for slot, first in self._busy.items() if all(done[first : first + self.per])]
+        finished = [slot for slot, first in self.items() if all(done[first : first + self.per])]
         if not finished:
             return {}
-        rows = [self._busy[slot] + j for slot in finished for j in range(self.per)]
+        rows = [self[slot] + j for slot in finished for j in range(self.per)]
         n_gen, out, sum_lp, no_speech = self.decoder.read_rows(rows)
         eot = self.decoder.tokenizer.eot
         results = {}
@@ -691,5 +589,5 @@ class GreedyRun(WindowSlots):
                 score = normalized_score(sum_lp[row], len(tokens), self.options.length_penalty)
                 candidates.append(WindowResult(tokens, sum_lp[row], no_speech[i * self.per], score))
             results[slot] = candidates[pick_best([c.score for c in candidates])]
-            self._release(slot)
+            self.release(slot)
         return results

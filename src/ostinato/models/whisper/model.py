@@ -8,23 +8,20 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ...errors import InvalidOptionError, ModelLoadError
-from ...runtime import DEFAULT_BUCKETS, memory_report, place_module, resolve_device, resolve_dtype, strict_float32
+from ...audio import load_audio, whisper_input_features
+from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
+from ...results import Segment, TranscriptionInfo
+from ...runtime import (
+    buckets_up_to, memory_report, place_module, resolve_decode_loop, resolve_device, resolve_dtype, strict_float32,
+)
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
+from .engine import Cancelled, TranscriptionEngine
+from .loaders import load_checkpoint
 from .modules import Whisper
+from .options import TranscribeOptions
 from .tokenizer import WhisperTokenizer
-from .transcribe import (
-    DEFAULT_TEMPERATURES, N_FRAMES, TranscribeOptions, frame_peak_amplitudes, generate_segments, pad_window,
-    parse_clip_timestamps,
-)
-from .types import Segment, TranscriptionInfo
-from .word_timestamps import (
-    DEFAULT_APPEND_PUNCTUATIONS,
-    DEFAULT_PREPEND_PUNCTUATIONS,
-    TokenAlignment,
-    align_tokens,
-    default_alignment_heads,
-)
+from .transcribe import transcribe_samples
+from .word_timestamps import TokenAlignment, align_tokens, default_alignment_heads
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,9 @@ class WhisperModel:
 
     model: None for the embedded tiny.en; a CTranslate2, Hugging Face or OpenAI checkpoint path;
     or a hub id. device: "auto", "cpu", "cuda", "cuda:N". compute_type: "auto", "float32",
-    "float16", "bfloat16". use_graphs: replay decode steps as CUDA graphs on CUDA devices.
+    "float16", "bfloat16". decode_loop: "auto" (the best rung here), "device" (the CUDA device
+    while-loop), "kstep" (graphs of K unrolled steps), "eager" (no graphs); ``use_graphs=False``
+    is "eager".
     """
 
     def __init__(
@@ -58,11 +57,11 @@ class WhisperModel:
         device: str = "auto",
         compute_type: str = "auto",
         use_graphs: bool = True,
+        decode_loop: str = "auto",
     ):
-        from .loaders import load_checkpoint
-
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(compute_type, self.device)
+        self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         path = str(default_model_path()) if model is None else str(model)
         checkpoint = load_checkpoint(path)
         self.dims = checkpoint.dims
@@ -79,11 +78,8 @@ class WhisperModel:
         self.tokenizer = WhisperTokenizer(
             checkpoint.tokenizer_file, self.dims.is_multilingual, self.dims.num_languages
         )
-        self.use_graphs = use_graphs
         # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
-        self.decoder = WindowDecoder(
-            self.model, self.tokenizer, self.device, use_graphs=use_graphs, capacity=DEFAULT_DECODE_ROWS
-        )
+        self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS)
         log.info("decode loop on %s: %s", self.device, self.decoder.loop_rung)
         self._batch_decoders = {}
 
@@ -115,8 +111,7 @@ class WhisperModel:
         options = options or SearchOptions()
         rows = self.decoder.rows_for(len(requests), options)
         if rows > self.decoder.max_rows:  # more beams or samples than the state holds: grow it once
-            with torch.inference_mode(False):  # plain tensors, as when the model was built
-                grown = WindowDecoder(self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, capacity=rows)
+            grown = self._window_decoder(capacity=rows)
             grown.continue_from(self.decoder)
             self.decoder = grown
         with strict_float32(self.device, self.dtype):
@@ -127,12 +122,12 @@ class WhisperModel:
         key = (windows, rows)
         if key not in self._batch_decoders:
             self._batch_decoders.clear()  # one batch state at a time: its memory goes back first
-            buckets = sorted({b for b in DEFAULT_BUCKETS if b < windows} | {windows})
-            with torch.inference_mode(False):
-                self._batch_decoders[key] = WindowDecoder(
-                    self.model, self.tokenizer, self.device, use_graphs=self.use_graphs, buckets=buckets, capacity=rows
-                )
+            self._batch_decoders[key] = self._window_decoder(buckets=buckets_up_to(windows), capacity=rows)
         return self._batch_decoders[key]
+
+    def _window_decoder(self, **kwargs) -> WindowDecoder:
+        with torch.inference_mode(False):  # plain tensors, as when the model was built
+            return WindowDecoder(self.model, self.tokenizer, self.device, decode_loop=self.decode_loop, **kwargs)
 
     def seed(self, seed: Optional[int]) -> None:
         """Seed sampling at temperatures above zero (None: a random seed); see WindowDecoder.seed."""
@@ -172,66 +167,19 @@ class WhisperModel:
 
     # -- transcription -------------------------------------------------------------------------
     def transcribe(
-        self,
-        audio: AudioInput,
-        language: Optional[str] = None,
-        task: str = "transcribe",
-        beam_size: int = 5,
-        temperature: Union[float, Sequence[float]] = DEFAULT_TEMPERATURES,
-        initial_prompt: Optional[Union[str, Sequence[int]]] = None,
-        without_timestamps: bool = False,
-        condition_on_previous_text: bool = True,
-        compression_ratio_threshold: Optional[float] = 2.4,
-        log_prob_threshold: Optional[float] = -1.0,
-        no_speech_threshold: Optional[float] = 0.6,
-        suppress_blank: bool = True,
-        suppress_tokens: Optional[Sequence[int]] = (-1,),
-        max_initial_timestamp: float = 1.0,
-        max_new_tokens: Optional[int] = None,
-        prompt_reset_on_temperature: float = 0.5,
-        word_timestamps: bool = False,
-        prepend_punctuations: str = DEFAULT_PREPEND_PUNCTUATIONS,
-        append_punctuations: str = DEFAULT_APPEND_PUNCTUATIONS,
-        hallucination_silence_threshold: Optional[float] = None,
-        best_of: int = 5,
-        patience: float = 1.0,
-        length_penalty: float = 1.0,
-        repetition_penalty: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        prefix: Optional[str] = None,
-        hotwords: Optional[str] = None,
-        clip_timestamps: Union[str, Sequence[float]] = "0",
-        seed: Optional[int] = 0,
-        on_progress: Optional[Callable[[float], None]] = None,
+        self, audio: AudioInput, on_progress: Optional[Callable[[float], None]] = None, **options
     ) -> Tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe audio (a path, bytes, or 16-kHz samples): returns (segments generator, info).
 
-        Options and their defaults follow faster-whisper (beam search with 5 beams, then sampling
-        with best_of=5 at rising temperatures when a window fails its checks). ``seed`` seeds the
-        sampling, so the same seed gives the same output; None draws a fresh seed each call.
-        ``on_progress(seconds)`` is called as windows finish with the audio time decoded so far.
-        Bad options raise ``InvalidOptionError`` and bad audio ``AudioError`` here, before any
-        model work; segments are produced as the generator is consumed.
+        ``options`` are ``TranscribeOptions``' fields, with faster-whisper's names and defaults (beam
+        search with 5 beams, then sampling with best_of=5 at rising temperatures when a window fails
+        its checks; ``seed`` seeds the sampling, so the same seed gives the same output, and None
+        draws a fresh seed each call). ``on_progress(seconds)`` is called as windows finish with the
+        audio time decoded so far. Bad options raise ``InvalidOptionError`` and bad audio
+        ``AudioError`` here, before any model work; segments are produced as the generator is consumed.
         """
-        from ...audio import load_audio
-
-        options = self._options(
-            language=language, task=task, beam_size=beam_size, temperature=temperature,
-            initial_prompt=initial_prompt, without_timestamps=without_timestamps,
-            condition_on_previous_text=condition_on_previous_text,
-            compression_ratio_threshold=compression_ratio_threshold, log_prob_threshold=log_prob_threshold,
-            no_speech_threshold=no_speech_threshold, suppress_blank=suppress_blank,
-            suppress_tokens=list(suppress_tokens) if suppress_tokens is not None else None,
-            max_initial_timestamp=max_initial_timestamp, max_new_tokens=max_new_tokens,
-            prompt_reset_on_temperature=prompt_reset_on_temperature,
-            word_timestamps=word_timestamps, prepend_punctuations=prepend_punctuations,
-            append_punctuations=append_punctuations,
-            hallucination_silence_threshold=hallucination_silence_threshold,
-            best_of=best_of, patience=patience, length_penalty=length_penalty,
-            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-            prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps, seed=seed,
-        )
-        return transcribe_samples(self, self.tokenizer, self.dims, load_audio(audio), options, on_progress)
+        return transcribe_samples(self, self.tokenizer, self.dims, load_audio(audio), self.options(**options),
+                                  on_progress)
 
     def transcribe_batch(
         self, audios: Sequence[AudioInput], batch_size: int = 16, **options
@@ -254,23 +202,39 @@ class WhisperModel:
 
     def transcribe_many(self, audios: Sequence[AudioInput], batch_size: int = 16, **options) -> list:
         """``transcribe_batch`` that returns each audio's error in its place instead of raising it."""
-        from .batch import BatchTranscriber
-
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidOptionError(f"batch_size must be a positive integer, got {batch_size!r}")
         if isinstance(audios, (str, Path, bytes, np.ndarray, torch.Tensor)):
             raise InvalidOptionError("transcribe_batch takes a list of audios; use transcribe for one")
         if "on_progress" in options:
             raise InvalidOptionError("transcribe_batch has no on_progress")
-        unknown = set(options) - set(TranscribeOptions.__dataclass_fields__)
+        transcribe_options = self.options(**options)
+        audios = list(audios)
+        if not audios:
+            return []
+        search = max(transcribe_options.beam_size, transcribe_options.best_of)
+        engine = TranscriptionEngine(self, min(batch_size, len(audios)), search)
+        jobs = [engine.submit(audio, transcribe_options) for audio in audios]
+        engine.run()
+        outcomes = [job.outcome for job in jobs]
+        first_error = next((o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, Cancelled)), None)
+        if first_error is not None and not isinstance(first_error, OstinatoError):
+            raise first_error  # a bug, not a bad input: never hide it in a result list
+        return outcomes
+
+    def engine(self, batch_size: int = 16, max_search: int = 5) -> TranscriptionEngine:
+        """A long-lived ``TranscriptionEngine`` (a server's): ``batch_size`` windows decode together,
+        each with up to ``max_search`` beams or samples. ``engine.start()``, ``engine.submit(...)``."""
+        return TranscriptionEngine(self, batch_size, max_search)
+
+    def options(self, **kwargs) -> TranscribeOptions:
+        """``TranscribeOptions`` from keyword arguments, checked against this model (its vocabulary,
+        its languages): what ``transcribe`` does with its options."""
+        unknown = set(kwargs) - set(TranscribeOptions.__dataclass_fields__)
         if unknown:
             raise InvalidOptionError(f"unknown transcribe option(s): {', '.join(sorted(unknown))}")
-        if "suppress_tokens" in options and options["suppress_tokens"] is not None:
-            options["suppress_tokens"] = list(options["suppress_tokens"])
-        transcribe_options = self._options(**options)
-        return BatchTranscriber(self, batch_size, transcribe_options).run(list(audios))
-
-    def _options(self, **kwargs) -> TranscribeOptions:
+        if kwargs.get("suppress_tokens") is not None:
+            kwargs["suppress_tokens"] = list(kwargs["suppress_tokens"])
         options = TranscribeOptions(**kwargs)
         options.validate(self.dims.n_vocab)
         language = options.language
@@ -287,47 +251,4 @@ class WhisperModel:
     # -- what the window loop needs besides encode/decode/align ----------------------------------
     def features(self, samples) -> torch.Tensor:
         """Log-mel features [n_mels, frames] of 16-kHz samples, on the model's device."""
-        from ...audio import whisper_input_features
-
         return whisper_input_features(samples, self.dims.n_mels, device=self.device)
-
-
-def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOptions, on_progress=None):
-    """(segments generator, info) of one audio's samples; ``runner`` does the model work.
-
-    ``runner`` is a ``WhisperModel`` or a stand-in with the same ``features``, ``encode``,
-    ``detect_language``, ``decode``, ``align`` and ``seed`` (the batch scheduler's per-audio
-    proxy); ``options`` is this audio's own copy (the detected language is written into it).
-    """
-    duration = samples.shape[0] / 16000
-    features = runner.features(samples)
-    language = options.language
-    all_language_probs = None
-    if language is None:
-        if dims.is_multilingual:
-            # As faster-whisper: detect on the window at the first clip's start.
-            content_frames = features.shape[-1] - 1
-            points = parse_clip_timestamps(options.clip_timestamps)
-            start = int(points[0] * 100) if points else 0
-            start = start if start < content_frames else 0
-            first = runner.encode(pad_window(features, start, min(N_FRAMES, content_frames - start))[None])
-            all_language_probs = runner.detect_language(first)
-            language, language_probability = all_language_probs[0]
-        else:
-            language, language_probability = "en", 1.0
-    else:
-        language_probability = 1.0
-    options.language = language
-    sot_sequence = tokenizer.sot_sequence(language, options.task)
-    info = TranscriptionInfo(
-        language=language,
-        language_probability=language_probability,
-        duration=duration,
-        all_language_probs=all_language_probs,
-        transcription_options=options.to_dict(),
-    )
-    segments = generate_segments(
-        runner, tokenizer, features, sot_sequence, options, on_progress,
-        frame_peaks=frame_peak_amplitudes(samples),
-    )
-    return segments, info

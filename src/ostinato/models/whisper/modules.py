@@ -21,18 +21,13 @@ from torch import Tensor, nn
 
 from ...ops import decode_attention as attention_ops
 from ...ops import skinny
+from ...ops.triton_support import kernels_can_run
 from .config import WhisperDims
 
 
 def fused_step_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether one-token decode steps on ``device`` in ``dtype`` run through the fused operators."""
-    return (
-        torch.device(device).type == "cuda"
-        and dtype in (torch.float16, torch.bfloat16)
-        and head_dim in attention_ops.HEAD_DIMS
-        and skinny.available(device)
-        and attention_ops.decode_attention_available(device)
-    )
+    return kernels_can_run(device, dtype) and head_dim in attention_ops.HEAD_DIMS
 
 
 def fused_step_enabled(x: Tensor, head_dim: int) -> bool:

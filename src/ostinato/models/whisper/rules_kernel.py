@@ -32,11 +32,10 @@ test compares ``logsumexp(timestamp logprobs)`` with the best text logprob as ``
 does; only a margin of a few ulps between the two can decide differently.
 
 Only CUDA runs these kernels in production (``TRITON_INTERPRET=1`` runs them on the CPU for tests);
-callers check ``available(device)`` and otherwise use the PyTorch path.
+callers check ``triton_support.kernels_can_run`` and otherwise use the PyTorch path.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -44,7 +43,8 @@ from torch import Tensor
 
 from .logit_rules import VocabLayout
 
-from ...ops.triton_support import HAVE_TRITON, cuda_kernels_available, pdl_options, tl, triton  # noqa: F401
+from ... import settings
+from ...ops.triton_support import HAVE_TRITON, pdl_options, tl, triton  # noqa: F401
 
 libdevice = None
 if HAVE_TRITON:  # pragma: no cover - depends on the installation
@@ -59,14 +59,6 @@ BLOCK = 4096  # vocabulary entries per iteration (13 iterations over Whisper's t
 NUM_WARPS = 16  # one program sweeps a whole row: 16 warps took 56 us against 72 with 8 (H100, dev/rules_kernel_tune.py)
 
 
-def available(device) -> bool:
-    """Whether the fused kernels run on ``device``: a CUDA device, Triton importable, and not
-    disabled with ``OSTINATO_NO_TRITON=1``."""
-    return cuda_kernels_available(device)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if HAVE_TRITON:
@@ -389,7 +381,7 @@ def _launch(
         NO_SPEECH=int(no_speech),
         HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
         WRITE=write, GREEDY=greedy, ADVANCE=advance, HAS_SEEN=advance and seen is not None,
-        PRECISE=(libdevice is not None and not _interpreting()),
+        PRECISE=(libdevice is not None and not settings.triton_interpreter()),
         BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS, **pdl_options(logits.device),
     )
     return out, token, logprob, no_speech_prob

@@ -5,23 +5,24 @@ the same tokens; the model work (encoding, decoding a window) is delegated to a 
 """
 from __future__ import annotations
 
-import math
-import operator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...audio.decode import SAMPLE_RATE
+from ...audio.features import HOP_LENGTH
 from ...errors import InvalidOptionError
-from .decoding import SearchOptions, WindowRequest, WindowResult, decode_budget, max_candidates
+from .options import (  # noqa: F401 - parse_clip_timestamps: part of the window loop's interface
+    MAX_TEXT_TOKENS, TranscribeOptions, parse_clip_timestamps,
+)
+from .search import SearchOptions, WindowRequest, WindowResult, decode_budget
 from .segments import FRAME_SECONDS, FRAMES_PER_SECOND, TIME_PRECISION, compression_ratio, split_by_timestamps
 from .tokenizer import WhisperTokenizer
-from .types import Segment, Word
+from ...results import Segment, TranscriptionInfo, Word
 from .word_timestamps import (
-    DEFAULT_APPEND_PUNCTUATIONS,
-    DEFAULT_PREPEND_PUNCTUATIONS,
     TokenAlignment,
     add_word_timestamps,
     is_segment_anomaly,
@@ -29,47 +30,7 @@ from .word_timestamps import (
     next_words_segment,
 )
 
-HOP_LENGTH = 160  # samples per mel frame at 16 kHz
 N_FRAMES = 3000  # mel frames in a 30-s window
-MAX_TEXT_TOKENS = 448
-DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # faster-whisper's fallback schedule
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def parse_clip_timestamps(value: Union[str, Sequence[float]]) -> List[float]:
-    """faster-whisper's ``clip_timestamps``: "start,end,start,end,..." seconds (a string or a list).
-
-    An empty string or list means the whole audio; an odd count leaves the last clip open to the
-    end. Raises InvalidOptionError for anything that is not a list of finite numbers >= 0 with
-    each clip's end after its start.
-    """
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            points = [float(part) for part in text.split(",")] if text else []
-        except ValueError:
-            raise InvalidOptionError(
-                f"clip_timestamps must be comma-separated seconds like '0,10,15', got {value!r}"
-            ) from None
-    else:
-        try:
-            if isinstance(value, bytes):
-                raise TypeError
-            points = list(value)
-        except TypeError:
-            raise InvalidOptionError(f"clip_timestamps must be a string or a list of seconds, got {value!r}") from None
-        if not all(_is_number(p) for p in points):
-            raise InvalidOptionError(f"clip_timestamps must hold numbers of seconds, got {value!r}")
-        points = [float(p) for p in points]
-    if any(not math.isfinite(p) or p < 0 for p in points):
-        raise InvalidOptionError(f"clip_timestamps must be finite seconds >= 0, got {value!r}")
-    for start, end in zip(points[::2], points[1::2]):
-        if end <= start:
-            raise InvalidOptionError(f"clip_timestamps: a clip ends ({end}) before it starts ({start})")
-    return points
 
 
 def seek_clips(clip_timestamps: Union[str, Sequence[float]], content_frames: int) -> List[Tuple[int, int]]:
@@ -80,125 +41,6 @@ def seek_clips(clip_timestamps: Union[str, Sequence[float]], content_frames: int
     if len(points) % 2 == 1:
         points.append(content_frames)
     return list(zip(points[::2], points[1::2]))
-
-
-def _check_token_ids(name: str, ids, lowest: int, n_vocab: Optional[int]) -> None:
-    """``ids`` must be a sequence of integers in [lowest, n_vocab): raise InvalidOptionError otherwise."""
-    try:
-        if isinstance(ids, (str, bytes)):
-            raise TypeError
-        values = [operator.index(t) for t in ids]
-    except TypeError:
-        raise InvalidOptionError(f"{name} must be a sequence of integer token ids, got {ids!r}") from None
-    bad = [t for t in values if t < lowest or (n_vocab is not None and t >= n_vocab)]
-    if bad:
-        raise InvalidOptionError(f"{name} holds token ids outside the model's vocabulary: {bad[:5]}")
-
-
-@dataclass
-class TranscribeOptions:
-    language: Optional[str] = None
-    task: str = "transcribe"
-    beam_size: int = 5
-    best_of: int = 5
-    patience: float = 1.0
-    length_penalty: float = 1.0
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
-    temperature: Union[float, Sequence[float]] = DEFAULT_TEMPERATURES
-    initial_prompt: Optional[Union[str, Sequence[int]]] = None
-    without_timestamps: bool = False
-    condition_on_previous_text: bool = True
-    prompt_reset_on_temperature: float = 0.5
-    compression_ratio_threshold: Optional[float] = 2.4
-    log_prob_threshold: Optional[float] = -1.0
-    no_speech_threshold: Optional[float] = 0.6
-    suppress_blank: bool = True
-    suppress_tokens: Optional[Sequence[int]] = field(default_factory=lambda: [-1])
-    max_initial_timestamp: float = 1.0
-    max_new_tokens: Optional[int] = None
-    word_timestamps: bool = False
-    prepend_punctuations: str = DEFAULT_PREPEND_PUNCTUATIONS
-    append_punctuations: str = DEFAULT_APPEND_PUNCTUATIONS
-    hallucination_silence_threshold: Optional[float] = None
-    prefix: Optional[str] = None
-    hotwords: Optional[str] = None
-    clip_timestamps: Union[str, Sequence[float]] = "0"
-    seed: Optional[int] = 0  # sampling seed; None: a fresh random seed per call
-
-    def validate(self, n_vocab: Optional[int] = None) -> None:
-        if self.task not in ("transcribe", "translate"):
-            raise InvalidOptionError(f"unknown task {self.task!r}: use 'transcribe' or 'translate'")
-        for name in ("beam_size", "best_of"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
-        try:
-            temps = self.temperatures
-        except (TypeError, ValueError):
-            temps = None
-        if not temps:
-            raise InvalidOptionError("temperature must be a number or a non-empty list of numbers")
-        if any(not math.isfinite(t) or t < 0 for t in temps):
-            raise InvalidOptionError(f"temperatures must be finite and >= 0, got {list(temps)}")
-        if not _is_number(self.patience) or not math.isfinite(self.patience) or self.patience <= 0:
-            raise InvalidOptionError(f"patience must be a number > 0, got {self.patience!r}")
-        if max_candidates(self.beam_size, self.patience) < 1:
-            raise InvalidOptionError(
-                f"patience ({self.patience}) times beam_size ({self.beam_size}) must round to at least 1"
-            )
-        if not _is_number(self.length_penalty) or not math.isfinite(self.length_penalty):
-            raise InvalidOptionError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
-        penalty = self.repetition_penalty
-        if not _is_number(penalty) or not math.isfinite(penalty) or penalty <= 0:
-            raise InvalidOptionError(f"repetition_penalty must be a number > 0, got {penalty!r}")
-        size = self.no_repeat_ngram_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < MAX_TEXT_TOKENS:
-            raise InvalidOptionError(f"no_repeat_ngram_size must be an integer >= 0, got {size!r}")
-        for name in ("compression_ratio_threshold", "log_prob_threshold"):
-            value = getattr(self, name)
-            if value is not None and (not _is_number(value) or math.isnan(value)):
-                raise InvalidOptionError(f"{name} must be a number or None, got {value!r}")
-        if not _is_number(self.prompt_reset_on_temperature) or math.isnan(self.prompt_reset_on_temperature):
-            raise InvalidOptionError(
-                f"prompt_reset_on_temperature must be a number, got {self.prompt_reset_on_temperature!r}"
-            )
-        for name in ("prefix", "hotwords"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise InvalidOptionError(f"{name} must be a string or None, got {value!r}")
-        parse_clip_timestamps(self.clip_timestamps)  # raises for a malformed list
-        seed = self.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
-            raise InvalidOptionError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
-        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
-            raise InvalidOptionError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.max_new_tokens is not None and self.max_new_tokens >= MAX_TEXT_TOKENS:  # the prompt takes >= 1
-            raise InvalidOptionError(
-                f"max_new_tokens ({self.max_new_tokens}) must be less than Whisper's {MAX_TEXT_TOKENS}-token context"
-            )
-        if self.suppress_tokens is not None:
-            _check_token_ids("suppress_tokens", self.suppress_tokens, -1, n_vocab)  # -1: the non-speech set
-        if self.initial_prompt is not None and not isinstance(self.initial_prompt, str):
-            _check_token_ids("initial_prompt", self.initial_prompt, 0, n_vocab)
-        if self.max_initial_timestamp < 0:
-            raise InvalidOptionError("max_initial_timestamp must be >= 0")
-        if self.no_speech_threshold is not None and not 0.0 <= self.no_speech_threshold <= 1.0:
-            raise InvalidOptionError("no_speech_threshold must lie between 0 and 1")
-        for name in ("prepend_punctuations", "append_punctuations"):
-            if not isinstance(getattr(self, name), str):
-                raise InvalidOptionError(f"{name} must be a string, got {getattr(self, name)!r}")
-        threshold = self.hallucination_silence_threshold
-        if threshold is not None and not (_is_number(threshold) and threshold >= 0):
-            raise InvalidOptionError(f"hallucination_silence_threshold must be a number >= 0, got {threshold!r}")
-
-    @property
-    def temperatures(self) -> List[float]:
-        t = self.temperature
-        return [float(x) for x in t] if isinstance(t, (list, tuple)) else [float(t)]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class WindowRunner:
@@ -567,3 +409,44 @@ def _add_words(
     if end is not None:
         last_speech_timestamp = end
     return pieces, seek, last_speech_timestamp, False
+
+
+def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOptions, on_progress=None):
+    """(segments generator, info) of one audio's samples; ``runner`` does the model work.
+
+    ``runner`` is a ``WhisperModel`` or a stand-in with the same ``features``, ``encode``,
+    ``detect_language``, ``decode``, ``align`` and ``seed`` (the batch scheduler's per-audio
+    proxy); ``options`` is this audio's own copy (the detected language is written into it).
+    """
+    duration = samples.shape[0] / SAMPLE_RATE
+    features = runner.features(samples)
+    language = options.language
+    all_language_probs = None
+    if language is None:
+        if dims.is_multilingual:
+            # As faster-whisper: detect on the window at the first clip's start.
+            content_frames = features.shape[-1] - 1
+            points = parse_clip_timestamps(options.clip_timestamps)
+            start = int(points[0] * 100) if points else 0
+            start = start if start < content_frames else 0
+            first = runner.encode(pad_window(features, start, min(N_FRAMES, content_frames - start))[None])
+            all_language_probs = runner.detect_language(first)
+            language, language_probability = all_language_probs[0]
+        else:
+            language, language_probability = "en", 1.0
+    else:
+        language_probability = 1.0
+    options.language = language
+    sot_sequence = tokenizer.sot_sequence(language, options.task)
+    info = TranscriptionInfo(
+        language=language,
+        language_probability=language_probability,
+        duration=duration,
+        all_language_probs=all_language_probs,
+        transcription_options=options.to_dict(),
+    )
+    segments = generate_segments(
+        runner, tokenizer, features, sot_sequence, options, on_progress,
+        frame_peaks=frame_peak_amplitudes(samples),
+    )
+    return segments, info

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
 
-from ostinato.errors import ModelLoadError, UnsupportedCheckpointError
+from ostinato.errors import ModelLoadError
+from ostinato.loading import LANGUAGE_MODEL, TRANSDUCER, checkpoint_family, wrong_family
 from ostinato.models.whisper.loaders import hub
 from ostinato.models.whisper.loaders.checkpoint import WhisperCheckpoint
 
@@ -49,15 +51,16 @@ def _not_found(where) -> ModelLoadError:
 
 
 def _load_local(path: Path) -> WhisperCheckpoint:
+    family = checkpoint_family(path)
+    if family in (TRANSDUCER, LANGUAGE_MODEL):
+        raise wrong_family(path, family)
     if path.is_file():
-        if path.suffix == ".pt":
+        if path.name == "model.bin" or path.suffix == ".safetensors":
+            return _load_local(path.parent)  # a file inside a checkpoint dir names the dir
+        if path.suffix == ".pt" or zipfile.is_zipfile(path):  # torch's format, whatever the name
             from ostinato.models.whisper.loaders.openai import load_openai
 
             return load_openai(path)
-        if path.name == "model.bin" or path.suffix == ".safetensors":
-            return _load_local(path.parent)  # a file inside a checkpoint dir names the dir
-        if path.suffix == ".nemo":
-            raise UnsupportedCheckpointError(f"{path}: NeMo checkpoints are not supported")
         raise _not_found(path)
     if not path.is_dir():
         raise _not_found(path)

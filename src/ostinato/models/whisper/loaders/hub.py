@@ -4,10 +4,10 @@ huggingface_hub is imported lazily so that loading a local checkpoint never pays
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+from ostinato import settings
 from ostinato.errors import ModelLoadError
 
 # Official size names -> the CTranslate2 conversions faster-whisper uses, so a name means
@@ -44,28 +44,13 @@ def is_hub_id(name: str) -> bool:
     return name in OFFICIAL_REPOS or bool(_REPO_ID.match(name))
 
 
-def _truthy(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _cache_dir() -> str:
-    # Resolved at call time: huggingface_hub reads these variables once at import, which
-    # would ignore a change made later in the process (tests, embedding applications).
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return os.path.expanduser(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
-    home = os.environ.get("HF_HOME", os.path.join(xdg, "huggingface"))
-    return os.path.join(os.path.expanduser(home), "hub")
-
-
 def download(name: str) -> Path:
     """Local directory of the snapshot for `name`, from the cache when possible."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     repo_id = OFFICIAL_REPOS.get(name, name)
-    kwargs = dict(repo_id=repo_id, allow_patterns=ALLOW_PATTERNS, cache_dir=_cache_dir())
+    kwargs = dict(repo_id=repo_id, allow_patterns=ALLOW_PATTERNS, cache_dir=settings.hub_cache_dir())
     unreachable = (
         f"model '{name}' is not in the local cache and the hub cannot be reached (offline?): "
         "pass a local path"
@@ -74,7 +59,7 @@ def download(name: str) -> Path:
         return Path(snapshot_download(local_files_only=True, **kwargs))
     except Exception:  # not cached (or an incomplete snapshot): try the network
         pass
-    if _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
+    if settings.hub_offline():
         raise ModelLoadError(unreachable)
     try:
         return Path(snapshot_download(**kwargs))

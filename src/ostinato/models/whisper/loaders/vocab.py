@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import List, Tuple
 
+from ostinato import settings
 from ostinato.errors import ModelLoadError
 
 ENGLISH_VOCAB_SIZE = 51864
@@ -127,12 +128,7 @@ def build_tokenizer_json(n_vocab: int, base: bytes | None = None) -> dict:
 
 
 def _cache_dirs() -> List[Path]:
-    explicit = os.environ.get("OSTINATO_CACHE")
-    if explicit:
-        return [Path(explicit).expanduser() / "vocab"]
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    user = f"ostinato-{os.getuid()}" if hasattr(os, "getuid") else "ostinato"
-    return [Path(xdg) / "ostinato" / "vocab", Path(tempfile.gettempdir()) / user / "vocab"]
+    return [folder / "vocab" for folder in settings.cache_dirs()]
 
 
 def whisper_tokenizer_file(n_vocab: int) -> Path:

@@ -1,8 +1,8 @@
 #!/bin/bash
-# Issue 4 on the device (logs under $OUT), in calls of under 10 minutes each:
-#   PHASE=tests  ./dev/device_issue4.sh   kernel checks and the GPU tests
-#   PHASE=bench  ./dev/device_issue4.sh   kernel bench, step profile, bench/whisper_gpu.py ($BENCH_ARGS)
-#   PHASE=verify ./dev/device_issue4.sh   after a change to the step: its checks, the GPU tests and the bench
+# The GPU checks on the device machine (logs under $OUT), in calls of under 10 minutes each:
+#   PHASE=tests  ./dev/device_checks.sh   kernel checks and the GPU tests
+#   PHASE=bench  ./dev/device_checks.sh   kernel bench, step profile, bench/whisper_gpu.py ($BENCH_ARGS)
+#   PHASE=verify ./dev/device_checks.sh   after a change to the step: its checks, the GPU tests and the bench
 # Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
 cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
 [ -f /tmp/tiny/model.bin ] || cat /tmp/tiny/model.bin.0 /tmp/tiny/model.bin.1 > /tmp/tiny/model.bin
@@ -14,7 +14,7 @@ checks() {
   done
 }
 gpu_tests() {
-  timeout ${TEST_S:-240} python -m pytest -q tests/gpu -k "not transducer" -p no:cacheprovider > $OUT/gputests.txt 2>&1
+  timeout ${TEST_S:-240} python -m pytest -q tests/gpu -p no:cacheprovider > $OUT/gputests.txt 2>&1
   echo "gpu tests rc=$?"; tail -25 $OUT/gputests.txt
 }
 bench() {

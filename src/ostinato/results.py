@@ -1,4 +1,6 @@
-"""Result types of Whisper transcription, field-compatible with faster-whisper's."""
+"""What a transcription returns, whatever the model family: segments, words and information about
+the audio, field-compatible with faster-whisper's (Whisper fills every field; a transducer the
+ones it has)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

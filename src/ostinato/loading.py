@@ -1,0 +1,129 @@
+"""``load_model``: one entry point for every family, chosen from what the checkpoint holds.
+
+The file name says nothing here: a NeMo archive is a tar holding ``model_config.yaml`` whatever it
+is called, a Whisper checkpoint is a CTranslate2 or Hugging Face folder, an OpenAI ``.pt`` or a hub
+id, and a decoder-only language model is a Hugging Face folder whose config names a causal LM.
+Model classes are imported only once the family is known, so detection stays cheap.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Optional, Union
+
+from .errors import UnsupportedCheckpointError
+
+WHISPER, TRANSDUCER, LANGUAGE_MODEL = "whisper", "transducer", "language model"
+_NEMO_CONFIG = "model_config.yaml"
+_CLASSES = {WHISPER: "WhisperModel", TRANSDUCER: "TransducerModel"}
+
+
+def is_nemo_archive(path: Union[str, os.PathLike]) -> bool:
+    """A tar archive (compressed or not) with NeMo's ``model_config.yaml`` among its members."""
+    try:
+        if not os.path.isfile(path) or not tarfile.is_tarfile(path):
+            return False
+        with tarfile.open(path, "r:*") as tar:
+            return any(name.rsplit("/", 1)[-1].endswith(_NEMO_CONFIG) for name in tar.getnames())
+    except (tarfile.TarError, EOFError, OSError, ValueError):
+        return False
+
+
+def _is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _config(folder: Path) -> Optional[dict]:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _is_language_model(config: dict) -> bool:
+    """A Hugging Face config of a decoder-only text model (Whisper's says ``whisper``)."""
+    if config.get("model_type") == "whisper":
+        return False
+    names = config.get("architectures") or []
+    return any(str(name).endswith(("ForCausalLM", "ForConditionalGeneration")) for name in names)
+
+
+def _is_whisper_folder(folder: Path) -> bool:
+    if (folder / "model.bin").is_file():  # CTranslate2: faster-whisper's format
+        return True
+    config = _config(folder)
+    return config is not None and config.get("model_type") == "whisper"
+
+
+def checkpoint_family(path_or_id: Union[str, os.PathLike, None]) -> Optional[str]:
+    """The family whose class loads ``path_or_id`` ("whisper", "transducer", "language model"), or
+    None when a local file or folder holds nothing a family recognises.
+
+    None (the embedded default) and names that are no local path (hub ids) are Whisper's, and so
+    is a torch checkpoint file (OpenAI's ``.pt`` is a zip archive)."""
+    if path_or_id is None:
+        return WHISPER
+    path = Path(os.fspath(path_or_id)).expanduser()
+    if not path.exists():
+        return WHISPER
+    if path.is_file():
+        if _is_tar(path):  # NeMo's archive format; one without NeMo's config is nobody's
+            return TRANSDUCER if is_nemo_archive(path) else None
+        if zipfile.is_zipfile(path):
+            return WHISPER
+        if path.name not in ("config.json", "model.bin") and path.suffix != ".safetensors":
+            return None
+        path = path.parent  # a file inside a checkpoint folder names the folder
+    if _is_whisper_folder(path) or any(path.glob("*.pt")):
+        return WHISPER
+    config = _config(path)
+    if config is not None and _is_language_model(config):
+        return LANGUAGE_MODEL
+    if (path / "config.json").exists() or any(path.glob("*.safetensors")) or (path / "pytorch_model.bin").exists():
+        return WHISPER  # a Hugging Face folder that is no language model: Whisper's loader says what is wrong
+    return None
+
+
+def wrong_family(path: Union[str, os.PathLike], family: str) -> UnsupportedCheckpointError:
+    """The error a family's class raises for a checkpoint of another family."""
+    if family == LANGUAGE_MODEL:
+        return _no_language_models(path)
+    name = _CLASSES[family]
+    return UnsupportedCheckpointError(
+        f"{os.fspath(path)} is a {family} checkpoint: load it with ostinato.{name} or ostinato.load_model"
+    )
+
+
+def _no_language_models(path) -> UnsupportedCheckpointError:
+    return UnsupportedCheckpointError(
+        f"{os.fspath(path)} is a decoder-only language model checkpoint: ostinato does not load language models yet"
+    )
+
+
+def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
+    """The model for ``path_or_id`` (None: the embedded Whisper tiny.en), of whichever family the
+    checkpoint's contents say; keyword arguments go to that family's class (``device``,
+    ``compute_type``, ``decode_loop``...)."""
+    family = checkpoint_family(path_or_id)
+    if family is None:
+        raise UnsupportedCheckpointError(
+            f"{os.fspath(path_or_id)} holds no checkpoint ostinato knows: expected a Whisper checkpoint "
+            "(CTranslate2 or Hugging Face folder, OpenAI .pt), a NeMo transducer (.nemo archive) or a "
+            "Hugging Face causal language model folder"
+        )
+    if family == TRANSDUCER:
+        from .models.transducer.model import TransducerModel
+
+        return TransducerModel(path_or_id, **kwargs)
+    if family == LANGUAGE_MODEL:
+        raise _no_language_models(path_or_id)
+    from .models.whisper.model import WhisperModel
+
+    return WhisperModel(path_or_id, **kwargs)

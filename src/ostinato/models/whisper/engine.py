@@ -1,0 +1,380 @@
+"""The transcription engine: the windows of many audios share the decoder's rows.
+
+Each audio runs the ordinary window loop (``transcribe_samples``: seeking, prompts, fallback,
+word timestamps) in a worker thread of its own, against a proxy runner. The proxy does no model
+work: it hands each request (features, encode, language detection, decode, align) to the engine
+thread and waits. The engine thread owns the device. It encodes windows as they are asked for,
+and hands decode requests to the runtime's ``RowScheduler``, which keeps one decoder *run* full:
+a window that finishes hands its rows to the next waiting window of any audio at once, so long
+audios, short audios and fallback retries flow through the same rows. Requests with other search
+options (a fallback at a higher temperature, another request's options) wait until the current
+run drains, then get a run of their own.
+
+Two ways to drive it: ``run()`` on the calling thread until every submitted audio is done
+(``transcribe_batch``), or ``start()`` a thread that serves submissions until ``shutdown()``
+(a server). Audios can be submitted from any thread at any time; ``Job.cancel()`` frees an
+audio's rows at once.
+
+Every result is the one the audio gets alone: each audio's windows see only their own prompts and
+seeds (sampling noise is a hash of the window's seed, not a shared generator); the encoder and
+the cross-attention projections run one window at a time, and every decoder operator computes a
+row the same way whatever the batch size (the fused GPU kernels plan their blocks from the
+weight's shape, never from the row count); and the features an audio's windows are cut from are
+the same tensor values on the host as on the device.
+
+Workers touch only host memory: the engine thread is the only one that launches device work, so
+graph capture never sees another thread's kernels.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ...audio import load_audio
+from ...errors import InvalidOptionError, OstinatoError
+from ...runtime import RowScheduler, Ticket, strict_float32
+from .search import SearchOptions, WindowJob, window_seed
+from .options import TranscribeOptions
+from .transcribe import transcribe_samples
+
+
+class Cancelled(OstinatoError):
+    """The audio's transcription was cancelled, or the engine stopped before it finished."""
+
+
+class EngineStopped(OstinatoError):
+    """The engine is shutting down and takes no new audio."""
+
+
+class _Request:
+    __slots__ = ("kind", "args", "result", "error", "ready", "worker")
+
+    def __init__(self, worker: "_Worker", kind: str, args: tuple):
+        self.worker, self.kind, self.args = worker, kind, args
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.ready = threading.Event()
+
+
+class _Proxy:
+    """The model as one audio's window loop sees it; every call is served by the engine thread."""
+
+    def __init__(self, worker: "_Worker"):
+        self._worker = worker
+        self._seed = 0
+        self._calls = 0
+
+    def seed(self, seed: Optional[int]) -> None:
+        self._seed = random.getrandbits(64) if seed is None else int(seed)
+        self._calls = 0
+
+    def features(self, samples):
+        return self._worker.ask("features", samples)
+
+    def encode(self, mel):
+        return self._worker.ask("encode", mel)
+
+    def detect_language(self, audio_features):
+        return self._worker.ask("detect_language", audio_features)
+
+    def decode(self, audio_features, requests, suppress, suppress_at_begin, options: Optional[SearchOptions] = None):
+        # The seed the decoder gives a call when this audio is transcribed alone.
+        if len(requests) != 1:
+            raise ValueError("the engine takes one window per decode call")
+        seed = window_seed(self._seed, self._calls)
+        self._calls += 1
+        requests = [replace(r, rng_seed=seed ^ i) for i, r in enumerate(requests)]
+        return self._worker.ask(
+            "decode", audio_features, requests, tuple(suppress), tuple(suppress_at_begin), options or SearchOptions()
+        )
+
+    def align(self, audio_features, sot_sequence, text_tokens, num_frames):
+        return self._worker.ask("align", audio_features, sot_sequence, text_tokens, num_frames)
+
+
+class Job:
+    """One audio submitted to the engine. ``result()`` waits for ``(segments, info)`` (segments as a
+    list) or raises the audio's error; ``on_segment`` (given to ``submit``) sees each segment as its
+    window finishes, on the audio's worker thread."""
+
+    def __init__(self, engine: "TranscriptionEngine", index: int, audio, options: TranscribeOptions,
+                 on_segment: Optional[Callable[[Any], None]]):
+        self.engine, self.index, self.audio, self.options = engine, index, audio, options
+        self.on_segment = on_segment
+        self.outcome: Any = None
+        self.cancelled = False
+        self._done = threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: Optional[float] = None) -> Tuple[list, Any]:
+        if not self._done.wait(timeout):
+            raise TimeoutError("the transcription has not finished")
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def cancel(self) -> None:
+        """Stop this audio: a waiting one never starts, a running one gives its rows back at once."""
+        self.engine._cancel(self)
+
+    def _finish(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self._done.set()
+
+
+class _Worker(threading.Thread):
+    def __init__(self, engine: "TranscriptionEngine", job: Job):
+        super().__init__(name=f"ostinato-audio-{job.index}", daemon=True)
+        self.engine, self.job = engine, job
+        self.ticket: Optional[Ticket] = None  # its decode request in the scheduler, if any
+        self.decode_request: Optional[_Request] = None  # the request that ticket answers
+
+    def ask(self, kind: str, *args):
+        if self.job.cancelled:
+            raise Cancelled("transcription cancelled")
+        request = _Request(self, kind, args)
+        self.engine._enqueue(request)
+        request.ready.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def run(self) -> None:
+        job = self.job
+        outcome: Any
+        try:
+            with torch.inference_mode():
+                samples = load_audio(job.audio)
+                segments, info = transcribe_samples(
+                    _Proxy(self), self.engine.model.tokenizer, self.engine.model.dims, samples, job.options
+                )
+                collected = []
+                for segment in segments:
+                    collected.append(segment)
+                    if job.on_segment is not None:
+                        job.on_segment(segment)
+                outcome = (collected, info)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller in this audio's place
+            outcome = exc
+        self.engine._worker_finished(self, outcome)
+
+
+class TranscriptionEngine:
+    """Audios in, transcriptions out; their windows share ``windows`` groups of decoder rows.
+
+    ``search``: the most rows one window may take (beam size or best_of), fixed with the state.
+    """
+
+    def __init__(self, model, windows: int, search: int):
+        if windows < 1 or search < 1:
+            raise InvalidOptionError("an engine needs at least one window of one row")
+        self.model = model
+        self.windows, self.search = int(windows), int(search)
+        self._decoder = model.batch_decoder(self.windows, self.windows * self.search)
+        self._lock = threading.Condition()
+        self._queue: List[_Request] = []  # model requests from workers, not yet served
+        self._pending: List[Job] = []  # submitted audios whose worker has not started
+        self._workers: Dict[Job, _Worker] = {}  # started and not finished
+        self._waiting = 0  # workers blocked on a request
+        self._cancels: List[Job] = []  # cancelled running jobs the engine thread must clean up after
+        self._scheduler = RowScheduler(self._open_run)  # decode requests: waiting, or in rows
+        self._ids = itertools.count()
+        self._accepting = True
+        self._stopping = False
+        self._failed: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self.in_flight = 2 * self.windows  # audios started at once: enough to refill every row
+
+    # -- what callers use ------------------------------------------------------------------------
+    def submit(self, audio, options: TranscribeOptions, on_segment: Optional[Callable[[Any], None]] = None) -> Job:
+        """Queue one audio with its own (validated) options; thread-safe."""
+        if max(options.beam_size, options.best_of) > self.search:
+            raise InvalidOptionError(
+                f"beam_size and best_of can be at most {self.search} here, got {options.beam_size} and {options.best_of}"
+            )
+        with self._lock:
+            if not self._accepting:
+                raise EngineStopped("the engine is shutting down")
+            job = Job(self, next(self._ids), audio, replace(options), on_segment)
+            self._pending.append(job)
+            self._lock.notify_all()
+        return job
+
+    def run(self) -> None:
+        """Serve on the calling thread until every submitted audio is done."""
+        self._serve(until_idle=True)
+
+    def start(self) -> None:
+        """Serve on a thread of the engine's own until ``shutdown``."""
+        self._thread = threading.Thread(target=self._serve, kwargs=dict(until_idle=False), name="ostinato-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    def shutdown(self, drain: bool = True, timeout: Optional[float] = None) -> None:
+        """Take no more audio; with ``drain`` finish every audio already submitted, else cancel them."""
+        with self._lock:
+            self._accepting = False
+            jobs = [] if drain else list(self._pending) + list(self._workers)
+        for job in jobs:
+            job.cancel()
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stats(self) -> Dict[str, int]:
+        """Audios waiting to start, audios in progress, decode windows waiting for rows, windows in rows."""
+        with self._lock:
+            return dict(queued=len(self._pending), running=len(self._workers),
+                        waiting_windows=self._scheduler.waiting, busy_windows=self._scheduler.admitted)
+
+    # -- worker side -----------------------------------------------------------------------------
+    def _enqueue(self, request: _Request) -> None:
+        with self._lock:
+            if self._failed is not None or request.worker.job.cancelled:
+                request.error = Cancelled("transcription cancelled" if self._failed is None else "engine stopped")
+                request.ready.set()
+                return
+            self._queue.append(request)
+            self._waiting += 1
+            self._lock.notify_all()
+
+    def _worker_finished(self, worker: _Worker, outcome: Any) -> None:
+        with self._lock:
+            self._workers.pop(worker.job, None)
+            self._lock.notify_all()
+        if worker.job.cancelled and not isinstance(outcome, Cancelled):
+            outcome = Cancelled("transcription cancelled")
+        worker.job._finish(outcome)
+
+    def _cancel(self, job: Job) -> None:
+        with self._lock:
+            if job.done or job.cancelled:
+                return
+            job.cancelled = True
+            if job in self._pending:
+                self._pending.remove(job)
+                job._finish(Cancelled("transcription cancelled"))
+            else:
+                self._cancels.append(job)  # the engine thread frees its rows
+            self._lock.notify_all()
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def _serve(self, until_idle: bool) -> None:
+        try:
+            with torch.inference_mode(), strict_float32(self.model.device, self.model.dtype):
+                while True:
+                    self._start_workers()
+                    requests = self._next_requests(until_idle)
+                    if requests is None:
+                        break
+                    self._clean_up_cancelled()
+                    self._answer_all(requests)
+                    self._scheduler.step()
+        except BaseException as exc:
+            self._stop(exc)
+            raise
+
+    def _start_workers(self) -> None:
+        with self._lock:
+            while self._pending and len(self._workers) < self.in_flight:
+                job = self._pending.pop(0)
+                worker = _Worker(self, job)
+                self._workers[job] = worker
+                worker.start()
+
+    def _next_requests(self, until_idle: bool) -> Optional[List[_Request]]:
+        """The requests waiting now; None when there is nothing left to do. While the decoder has
+        nothing to run, waits until every live worker is blocked, so the requests batch up."""
+        with self._lock:
+            def ready() -> bool:
+                if self._pending and len(self._workers) < self.in_flight:
+                    return True  # an audio can start
+                if self._cancels:
+                    return True
+                if self._workers:
+                    return len(self._workers) == self._waiting
+                return until_idle or self._stopping
+
+            if self._scheduler.idle:
+                self._lock.wait_for(ready)
+            idle = not self._workers and not self._pending and not self._queue and self._scheduler.idle
+            if idle and (until_idle or self._stopping):
+                return None
+            requests, self._queue = self._queue, []
+            return requests
+
+    def _clean_up_cancelled(self) -> None:
+        with self._lock:
+            jobs, self._cancels = self._cancels, []
+        for job in jobs:
+            worker = self._workers.get(job)
+            if worker is not None and worker.ticket is not None:
+                request = worker.decode_request
+                self._scheduler.cancel(worker.ticket)
+                worker.ticket = worker.decode_request = None
+                self._answer(request, error=Cancelled("transcription cancelled"))
+
+    def _answer(self, request: _Request, result=None, error: Optional[BaseException] = None) -> None:
+        request.result, request.error = result, error
+        with self._lock:
+            self._waiting -= 1
+        request.ready.set()
+
+    def _answer_all(self, requests: List[_Request]) -> None:
+        model = self.model
+        for r in requests:
+            if r.worker.job.cancelled:
+                self._answer(r, error=Cancelled("transcription cancelled"))
+            elif r.kind == "encode":
+                # One window per encoder call, as when the audio is transcribed alone: a batched
+                # matrix product may round differently from a single one on the GPU, and the
+                # result must not depend on which audios share the batch.
+                self._answer(r, model.encode(r.args[0]))
+            elif r.kind == "features":
+                # Computed where transcribe computes them, then kept on the host for the worker.
+                self._answer(r, model.features(*r.args).cpu())
+            elif r.kind == "detect_language":
+                self._answer(r, model.detect_language(*r.args))
+            elif r.kind == "align":
+                self._answer(r, model.align(*r.args))
+            elif r.kind == "decode":
+                features, requests_, suppress, suppress_at_begin, options = r.args
+                key = (options, suppress, suppress_at_begin)  # windows with equal keys share a run
+                r.worker.decode_request = r
+                r.worker.ticket = self._scheduler.submit(key, WindowJob(features, requests_[0]), self._decoded(r))
+
+    def _decoded(self, request: _Request):
+        def done(result, error: Optional[BaseException]) -> None:
+            request.worker.ticket = request.worker.decode_request = None
+            if error is not None:
+                self._answer(request, error=error)
+            else:
+                self._answer(request, [result])
+        return done
+
+    def _open_run(self, key: Tuple):
+        options, suppress, suppress_at_begin = key
+        return self._decoder.start(options, suppress, suppress_at_begin, self.windows)
+
+    def _stop(self, exc: BaseException) -> None:
+        """Release every blocked worker after a failure in the engine thread."""
+        with self._lock:
+            self._failed = exc
+            self._accepting = False
+            stranded, self._queue = self._queue, []
+            pending, self._pending = self._pending, []
+        for r in stranded:
+            self._answer(r, error=Cancelled("engine stopped"))
+        self._scheduler.fail_all(Cancelled("engine stopped"))
+        for job in pending:
+            job._finish(Cancelled("engine stopped"))

@@ -1,0 +1,76 @@
+"""The machine's rates, measured in the same run as a benchmark: what "% of the copy bandwidth" and "%
+of the matmul rate" are shares of, and the arithmetic that turns a model into FLOPs."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..models.whisper.config import WhisperDims
+
+
+def copy_bandwidth_gbs(device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy rate in GB/s (1e9 B/s), counting bytes read + bytes written (2 x nbytes).
+
+    Median over ``repeats`` copies of one ``nbytes`` buffer, timed with CUDA events on CUDA
+    (perf_counter elsewhere). On a GPU the read and the written bytes share the memory bus, so
+    this is the rate at which DRAM moves bytes in either direction.
+    """
+    device = torch.device(device)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    times = []
+    for _ in range(max(1, repeats)):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        else:
+            t = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t)
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def matmul_tflops(device, dtype=torch.float16, n: int = 8192, repeats: int = 10) -> float:
+    """Dense n x n x n matmul rate in TFLOP/s (2 n^3 per product), median over ``repeats``."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    c = a @ b
+    for _ in range(2):
+        torch.matmul(a, b, out=c)
+    times = []
+    for _ in range(max(1, repeats)):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.matmul(a, b, out=c)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        else:
+            t = time.perf_counter()
+            torch.matmul(a, b, out=c)
+            times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times) / 1e12
+
+
+def whisper_encoder_flops(dims: WhisperDims, batch: int = 1) -> float:
+    """FLOPs (2 x multiply-adds) of the encoder forward over ``batch`` 30-s windows.
+
+    conv1 (n_mels -> d, kernel 3, 2 x n_audio_ctx frames), conv2 (d -> d, kernel 3, stride 2,
+    n_audio_ctx frames), and per layer: q, k, v, out projections (4 n d^2), attention scores and
+    their product with V (2 n^2 d), the MLP (8 n d^2). Layer norms, GELU, softmax and the
+    additions are elementwise and left out (well under 1%).
+    """
+    n, d = dims.n_audio_ctx, dims.n_audio_state
+    convs = d * dims.n_mels * 3 * (2 * n) + d * d * 3 * n
+    per_layer = 4 * n * d * d + 2 * n * n * d + 8 * n * d * d
+    return 2.0 * batch * (convs + dims.n_audio_layer * per_layer)

@@ -1,0 +1,75 @@
+"""``ostinato.load_model`` picks the family from what the checkpoint holds, never from its name, and each
+family's class names the right one for a checkpoint of another."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import ostinato
+from ostinato.errors import ModelLoadError, UnsupportedCheckpointError
+from ostinato.loading import LANGUAGE_MODEL, TRANSDUCER, WHISPER, checkpoint_family
+
+DATA = Path(__file__).parent / "data"
+CT2 = DATA / "checkpoints" / "ctranslate2" / "float16"
+HF = DATA / "checkpoints" / "huggingface"
+OPENAI_PT = DATA / "checkpoints" / "openai" / "tiny-random.pt"
+NEMO = DATA / "transducer" / "tiny_tdt.nemo"
+
+
+@pytest.mark.parametrize("path", [CT2, HF, OPENAI_PT, HF / "config.json",
+                                  CT2 / "model.bin"])
+def test_whisper_checkpoints(path):
+    assert checkpoint_family(path) == WHISPER
+
+
+def test_the_family_comes_from_the_contents(tmp_path):
+    # a .nemo under a Whisper-looking name, and Whisper folders and files under NeMo's suffix
+    nemo_as_bin = tmp_path / "model.bin"
+    shutil.copy(NEMO, nemo_as_bin)
+    ct2_as_nemo = tmp_path / "ct2.nemo"
+    shutil.copytree(CT2, ct2_as_nemo)
+    pt_as_nemo = tmp_path / "weights.nemo"
+    shutil.copy(OPENAI_PT, pt_as_nemo)
+    assert checkpoint_family(NEMO) == TRANSDUCER
+    assert checkpoint_family(nemo_as_bin) == TRANSDUCER
+    assert checkpoint_family(ct2_as_nemo) == WHISPER
+    assert checkpoint_family(pt_as_nemo) == WHISPER
+    assert type(ostinato.load_model(nemo_as_bin, device="cpu")).__name__ == "TransducerModel"
+    assert type(ostinato.load_model(ct2_as_nemo, device="cpu")).__name__ == "WhisperModel"
+    assert type(ostinato.load_model(pt_as_nemo, device="cpu")).__name__ == "WhisperModel"
+
+
+def test_a_language_model_folder_is_recognised(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    assert checkpoint_family(tmp_path) == LANGUAGE_MODEL
+    for load in (ostinato.WhisperModel, ostinato.load_model):
+        with pytest.raises(UnsupportedCheckpointError, match="language model checkpoint: ostinato does not load"):
+            load(str(tmp_path))
+
+
+def test_each_class_names_the_right_one(tmp_path):
+    with pytest.raises(UnsupportedCheckpointError, match="transducer checkpoint: load it with ostinato.TransducerModel"):
+        ostinato.WhisperModel(str(NEMO), device="cpu")
+    with pytest.raises(UnsupportedCheckpointError, match="whisper checkpoint: load it with ostinato.WhisperModel"):
+        ostinato.TransducerModel(str(CT2), device="cpu")
+    with pytest.raises(UnsupportedCheckpointError, match="whisper checkpoint"):
+        ostinato.TransducerModel(str(OPENAI_PT), device="cpu")
+
+
+def test_nothing_recognisable(tmp_path):
+    junk = tmp_path / "model.nemo"
+    junk.write_bytes(b"junk")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in (junk, empty):
+        assert checkpoint_family(path) is None
+        with pytest.raises(UnsupportedCheckpointError, match="holds no checkpoint ostinato knows"):
+            ostinato.load_model(path)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        ostinato.load_model(str(tmp_path / "missing" / "model"))
+
+
+def test_default_and_hub_ids_are_whisper():
+    assert checkpoint_family(None) == WHISPER
+    assert checkpoint_family("openai/whisper-tiny") == WHISPER

@@ -1,0 +1,121 @@
+"""The runtime's row scheduler, driven by a counting run with no model behind it."""
+import pytest
+
+from ostinato.runtime import RowScheduler, SlotTable, bucket_for, buckets_up_to, store_at
+
+
+class CountdownRun(SlotTable):
+    """Each request is a number of steps; one advance takes one step off every busy slot."""
+
+    def __init__(self, key, slots, log):
+        super().__init__(slots)
+        self.key, self.log = key, log
+        log.append(("open", key))
+
+    def admit(self, items):
+        slots = self.take(len(items))
+        for slot, steps in zip(slots, items):
+            self.occupy(slot, [steps, steps])
+        self.log.append(("admit", self.key, list(items)))
+        return slots
+
+    def advance(self, refill):
+        self.log.append(("advance", refill))
+        for slot in self.slots():
+            self[slot][0] -= 1
+
+    def evict(self, slot):
+        self.release(slot)
+
+    def collect(self):
+        finished = {slot: (self.key, value[1]) for slot, value in self.items() if value[0] <= 0}
+        for slot in finished:
+            self.release(slot)
+        return finished
+
+
+def _scheduler(slots, log):
+    return RowScheduler(lambda key: CountdownRun(key, slots, log))
+
+
+def test_a_finished_row_is_refilled_at_once():
+    log, results = [], {}
+    scheduler = _scheduler(2, log)
+    for name, steps in (("a", 3), ("b", 1), ("c", 1), ("d", 2)):
+        scheduler.submit("k", steps, lambda r, e, name=name: results.setdefault(name, (r, e, len(log))))
+    scheduler.run_until_idle()
+    # a and b start together; b ends after one step and c takes its row, then d takes c's
+    admits = [entry for entry in log if entry[0] == "admit"]
+    assert admits == [("admit", "k", [3, 1]), ("admit", "k", [1]), ("admit", "k", [2])]
+    assert {name: r for name, (r, e, _) in results.items()} == {"a": ("k", 3), "b": ("k", 1), "c": ("k", 1), "d": ("k", 2)}
+    assert all(e is None for _, e, _ in results.values())
+    assert sum(1 for entry in log if entry[0] == "advance") == 4  # 3 + 1 + ... : a, then d's second step
+    assert scheduler.idle
+
+
+def test_the_refill_hint_says_whether_requests_of_this_run_wait():
+    log = []
+    scheduler = _scheduler(1, log)
+    scheduler.submit("k", 2, lambda r, e: None)
+    scheduler.submit("k", 1, lambda r, e: None)
+    scheduler.run_until_idle()
+    assert [entry[1] for entry in log if entry[0] == "advance"] == [True, True, False]
+
+
+def test_other_options_wait_for_the_run_to_drain_and_keep_their_order():
+    log, order = [], []
+    scheduler = _scheduler(4, log)
+    for key, steps in (("x", 2), ("y", 1), ("x", 1)):
+        scheduler.submit(key, steps, lambda r, e: order.append(r))
+    scheduler.run_until_idle()
+    opens = [entry[1] for entry in log if entry[0] == "open"]
+    # the second "x" is behind "y" in the queue: it does not jump it, so x runs twice
+    assert opens == ["x", "y", "x"]
+    assert order == [("x", 2), ("y", 1), ("x", 1)]
+
+
+def test_cancel_drops_a_waiting_request_and_frees_an_admitted_one():
+    log, done = [], []
+    scheduler = _scheduler(1, log)
+    first = scheduler.submit("k", 5, lambda r, e: done.append("first"))
+    second = scheduler.submit("k", 1, lambda r, e: done.append("second"))
+    third = scheduler.submit("k", 1, lambda r, e: done.append("third"))
+    scheduler.cancel(second)
+    scheduler.step()  # admits first, one step
+    scheduler.cancel(first)  # the run can release: its row goes to the next request at once
+    scheduler.run_until_idle()
+    assert done == ["third"]
+    assert [entry[2] for entry in log if entry[0] == "admit"] == [[5], [1]]
+    assert third.cancelled is False and first.cancelled and second.cancelled
+
+
+def test_fail_all_hands_the_error_to_every_request():
+    results = [None] * 3
+    scheduler = _scheduler(1, [])
+    for i in range(3):
+        scheduler.submit("k", 4, store_at(results, i))
+    scheduler.step()
+    error = RuntimeError("device lost")
+    scheduler.fail_all(error)
+    assert results == [error, error, error] and scheduler.idle
+
+
+def test_slot_table_takes_the_lowest_free_slots():
+    table = SlotTable(3)
+    assert table.take(2) == [0, 1]
+    table.occupy(0, "a")
+    table.occupy(1, "b")
+    table.release(0)
+    assert table.free_slots == 2 and table.take(1) == [0]
+    with pytest.raises(ValueError):
+        table.take(5)
+
+
+def test_buckets():
+    assert buckets_up_to(5) == (1, 2, 4, 5)
+    assert buckets_up_to(16) == (1, 2, 4, 8, 16)
+    assert buckets_up_to(100, (1, 8, 64)) == (1, 8, 64, 100)
+    assert bucket_for(3, buckets_up_to(5)) == 4
+    assert bucket_for(5, buckets_up_to(5)) == 5
+    with pytest.raises(ValueError):
+        buckets_up_to(0)

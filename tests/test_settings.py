@@ -1,0 +1,89 @@
+"""Environment switches are read when asked, not at import; one check says whether the Triton kernels
+run; the decode-loop choice is validated once."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from ostinato import settings
+from ostinato.errors import InvalidOptionError
+from ostinato.ops import triton_support
+from ostinato.ops.triton_support import kernels_can_run
+from ostinato.runtime import resolve_decode_loop
+
+
+def test_switches_are_read_at_call_time(monkeypatch):
+    monkeypatch.delenv("OSTINATO_NO_TRITON", raising=False)
+    monkeypatch.delenv("OSTINATO_NO_PDL", raising=False)
+    assert not settings.triton_disabled() and not settings.pdl_disabled()
+    monkeypatch.setenv("OSTINATO_NO_TRITON", "1")
+    monkeypatch.setenv("OSTINATO_NO_PDL", "1")
+    assert settings.triton_disabled() and settings.pdl_disabled()
+    monkeypatch.setenv("OSTINATO_NO_TRITON", "0")
+    assert not settings.triton_disabled()
+
+
+def test_cache_dirs_in_order(monkeypatch, tmp_path):
+    monkeypatch.setenv("OSTINATO_CACHE", str(tmp_path / "mine"))
+    assert settings.cache_dirs() == [tmp_path / "mine"]
+    monkeypatch.delenv("OSTINATO_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    dirs = settings.cache_dirs()
+    assert dirs[0] == tmp_path / "xdg" / "ostinato" and len(dirs) == 2
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert settings.cache_dirs()[0] == Path.home() / ".cache" / "ostinato"
+
+
+def test_hub_variables(monkeypatch, tmp_path):
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE",
+                 "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert settings.hub_cache_dir() == str(tmp_path / "hf" / "hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "direct"))
+    assert settings.hub_cache_dir() == str(tmp_path / "direct")
+    assert not settings.hub_offline()
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")
+    assert settings.hub_offline()
+
+
+def test_one_kernel_check(monkeypatch):
+    monkeypatch.delenv("OSTINATO_NO_TRITON", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    # never on the CPU, with or without a dtype, for a device, its name or a tensor
+    assert not kernels_can_run("cpu")
+    assert not kernels_can_run(torch.zeros(1, dtype=torch.float16), torch.float16)
+    # float32 keeps PyTorch's ops on every device
+    assert not kernels_can_run("cuda", torch.float32)
+    monkeypatch.setenv("OSTINATO_NO_TRITON", "1")
+    assert not kernels_can_run("cuda", torch.float16)
+    monkeypatch.delenv("OSTINATO_NO_TRITON")
+    # Triton's CPU interpreter runs the kernels that support it, where Triton is installed
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    half = torch.zeros(1, dtype=torch.float16)
+    assert kernels_can_run(half, half.dtype, interpreter=True) == triton_support.HAVE_TRITON
+    assert not kernels_can_run(half, half.dtype)  # a kernel that needs CUDA
+    assert not kernels_can_run(half.float(), torch.float32, interpreter=True)
+
+
+def test_decode_loop_choice(monkeypatch):
+    cpu = torch.device("cpu")
+    assert resolve_decode_loop("auto", cpu) == "eager"
+    assert resolve_decode_loop("eager", cpu) == "eager"
+    assert resolve_decode_loop("auto", cpu, use_graphs=False) == "eager"
+    for rung in ("device", "kstep"):
+        with pytest.raises(InvalidOptionError, match="needs CUDA graphs"):
+            resolve_decode_loop(rung, cpu)
+    with pytest.raises(InvalidOptionError, match="decode_loop must be one of"):
+        resolve_decode_loop("fast", cpu)
+    # on CUDA: the device loop where cuda-python can build it, else K-step graphs
+    from ostinato.runtime import device_loop, graphs
+
+    monkeypatch.setattr(graphs, "graphs_supported", lambda device: True)
+    monkeypatch.setattr(device_loop, "unavailable_reason", lambda kind: None)
+    assert resolve_decode_loop("auto", torch.device("cuda")) == "device"
+    assert resolve_decode_loop("kstep", torch.device("cuda")) == "kstep"
+    monkeypatch.setattr(device_loop, "unavailable_reason", lambda kind: "cuda-python is not installed")
+    assert resolve_decode_loop("auto", torch.device("cuda")) == "kstep"
+    with pytest.raises(InvalidOptionError, match="cuda-python is not installed"):
+        resolve_decode_loop("device", torch.device("cuda"))

@@ -1,0 +1,113 @@
+"""The long-lived transcription engine a server runs: audios arrive from other threads while others
+decode, each result equals ``transcribe`` alone, a cancelled audio gives its rows back at once, and
+shutdown finishes what was submitted."""
+import threading
+import time
+
+import pytest
+
+from ostinato import WhisperModel
+from ostinato.errors import InvalidOptionError
+from ostinato.models.whisper.engine import Cancelled, EngineStopped
+from ostinato.models.whisper.options import TranscribeOptions
+
+GREEDY = dict(beam_size=1, best_of=1, temperature=0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_torch_thread):
+    """Decoding-heavy module: run it on one intra-op thread (see conftest)."""
+
+
+@pytest.fixture(scope="module")
+def model(tiny_en_path):
+    return WhisperModel(str(tiny_en_path), device="cpu", compute_type="float32")
+
+
+def _texts(segments):
+    return [(s.start, s.end, s.text, s.tokens) for s in segments]
+
+
+def _clip(data_dir, name):
+    return str(data_dir / "clips" / name)
+
+
+def test_audios_submitted_from_threads_while_others_decode(model, data_dir):
+    names = ("c17_cut_two_windows.flac", "c01_hello_short.flac", "c02_numbers.flac", "c05_white20_m3.flac")
+    engine = model.engine(batch_size=2, max_search=1)
+    engine.start()
+    jobs, streamed = {}, {name: [] for name in names}
+
+    def client(name, delay):
+        time.sleep(delay)
+        options = TranscribeOptions(**GREEDY)
+        jobs[name] = engine.submit(_clip(data_dir, name), options, on_segment=streamed[name].append)
+
+    threads = [threading.Thread(target=client, args=(n, 0.3 * i)) for i, n in enumerate(names)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = {name: job.result(timeout=300) for name, job in jobs.items()}
+    engine.shutdown()
+    for name in names:
+        segments, info = results[name]
+        alone, alone_info = model.transcribe(_clip(data_dir, name), **GREEDY)
+        assert _texts(segments) == _texts(alone), name
+        assert _texts(streamed[name]) == _texts(segments), name  # streamed as windows finished
+        assert info.duration == alone_info.duration
+    assert engine.stats() == dict(queued=0, running=0, waiting_windows=0, busy_windows=0)
+
+
+def test_cancel_frees_the_rows_and_spares_the_others(model, data_dir):
+    engine = model.engine(batch_size=1, max_search=1)
+    engine.start()
+    long_job = None
+    first_segment = threading.Event()
+
+    def on_segment(segment):
+        first_segment.set()
+
+    long_job = engine.submit(_clip(data_dir, "c18_long_lecture.flac"), TranscribeOptions(**GREEDY), on_segment)
+    assert first_segment.wait(300)
+    short = engine.submit(_clip(data_dir, "c01_hello_short.flac"), TranscribeOptions(**GREEDY))
+    long_job.cancel()
+    # one row: the short clip can only run once the long one's row is free
+    segments, _ = short.result(timeout=300)
+    with pytest.raises(Cancelled):
+        long_job.result(timeout=60)
+    alone, _ = model.transcribe(_clip(data_dir, "c01_hello_short.flac"), **GREEDY)
+    assert _texts(segments) == _texts(alone)
+    engine.shutdown()
+    assert engine.stats()["busy_windows"] == 0
+
+
+def test_shutdown_drains_and_then_refuses(model, data_dir):
+    engine = model.engine(batch_size=2, max_search=1)
+    engine.start()
+    jobs = [engine.submit(_clip(data_dir, n), TranscribeOptions(**GREEDY)) for n in ("c01_hello_short.flac", "c02_numbers.flac")]
+    engine.shutdown(drain=True, timeout=300)
+    assert all(job.done for job in jobs)
+    assert all(len(job.result()[0]) >= 1 for job in jobs)
+    with pytest.raises(EngineStopped):
+        engine.submit(_clip(data_dir, "c01_hello_short.flac"), TranscribeOptions(**GREEDY))
+
+
+def test_a_bad_audio_fails_alone(model, data_dir, tmp_path):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not audio at all")
+    engine = model.engine(batch_size=2, max_search=1)
+    engine.start()
+    broken = engine.submit(str(bad), TranscribeOptions(**GREEDY))
+    good = engine.submit(_clip(data_dir, "c01_hello_short.flac"), TranscribeOptions(**GREEDY))
+    with pytest.raises(Exception) as caught:
+        broken.result(timeout=300)
+    assert type(caught.value).__name__ == "AudioError"
+    assert len(good.result(timeout=300)[0]) >= 1
+    engine.shutdown()
+
+
+def test_options_beyond_the_engine_state_are_refused(model, data_dir):
+    engine = model.engine(batch_size=1, max_search=2)
+    with pytest.raises(InvalidOptionError, match="at most 2"):
+        engine.submit(_clip(data_dir, "c01_hello_short.flac"), TranscribeOptions(beam_size=5))
