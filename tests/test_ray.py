@@ -140,6 +140,17 @@ def test_on_a_local_ray_cluster(folder, expected, tiny_en_path, tmp_path):
         written = ray.data.read_parquet(str(out)).take_all()
         assert len(written) == 4
         _check_rows(written, expected)
+        # a transducer through the same stage
+        nemo = _data() / "transducer" / "tiny_tdt.nemo"
+        ds = ray.data.read_binary_files(str(folder), include_paths=True).map_batches(
+            Transcriber, batch_size=4, concurrency=1,
+            fn_constructor_kwargs=dict(model=str(nemo), device="cpu", batch_size=2, max_symbols=5))
+        model = TransducerModel(nemo, device="cpu")
+        for row in ds.take_all():
+            if str(row["path"]).endswith("broken.wav"):
+                assert row["error"] and row["text"] == ""
+            else:
+                assert row["error"] is None and row["text"] == model.transcribe(str(row["path"]), max_symbols=5).text
     finally:
         ray.shutdown()
 
@@ -148,3 +159,9 @@ def _example() -> str:
     from pathlib import Path
 
     return str(Path(__file__).resolve().parents[1] / "examples" / "ray_transcribe.py")
+
+
+def _data():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "data"
