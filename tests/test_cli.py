@@ -64,6 +64,17 @@ class FakeModel:
 
         return segments(), TranscriptionInfo(language="en", language_probability=1.0, duration=8.0)
 
+    def transcribe_many(self, audios, batch_size=16, **options):
+        """The batched path (--batch-size > 1): one (segments, info) or error per input."""
+        outcomes = []
+        for audio in audios:
+            try:
+                segments, info = self.transcribe(audio, **options)
+                outcomes.append((list(segments), info))
+            except AudioError as exc:
+                outcomes.append(exc)
+        return outcomes
+
 
 class NoModel:
     def __init__(self, **_):
@@ -175,7 +186,8 @@ def test_several_files_one_model(fake_model, audio, tmp_path, capsys):
     assert cli.main(["transcribe", *files, "-o", str(tmp_path / "out"), "-f", "srt"]) == 0
     assert len(fake_model.created) == 1  # loaded once, used for every file
     assert [call[0] for call in fake_model.created[0].calls] == files
-    assert capsys.readouterr().out == EXPECTED_STDOUT * 2
+    # several inputs: each file's segments under its name, as with --batch-size
+    assert capsys.readouterr().out == "".join(f"== {f}\n{EXPECTED_STDOUT}" for f in files)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["one.srt", "two.srt"]
 
 
@@ -185,7 +197,7 @@ def test_one_failing_file_does_not_stop_the_others(fake_model, audio, tmp_path, 
     captured = capsys.readouterr()
     assert rc == 1
     assert_one_error_line(captured.err, "broken.wav", "cannot decode")
-    assert captured.out == EXPECTED_STDOUT * 2
+    assert captured.out == f"== {files[0]}\n{EXPECTED_STDOUT}== {files[2]}\n{EXPECTED_STDOUT}"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["one.txt", "three.txt"]
 
 
@@ -369,3 +381,124 @@ def test_whisper_options_are_refused_for_a_transducer_whatever_its_name(no_model
                    "--word-timestamps"])
     assert rc == 2
     assert_one_error_line(capsys.readouterr().err, "--beam-size", "--language", "--word-timestamps", "transducer")
+
+
+# --- what a new user ran into ---------------------------------------------------------------------
+
+def test_inputs_sharing_a_name_keep_every_transcript(fake_model, audio, tmp_path, capsys):
+    files = [audio("a.wav"), audio("a.flac"), audio("a.mp3"), audio("b.wav")]
+    out = tmp_path / "out"
+    assert cli.main(["transcribe", *files, "-o", str(out), "-f", "txt", "-q"]) == 0
+    # a shared stem keeps the extension; a name of its own does not
+    assert sorted(p.name for p in out.iterdir()) == ["a.flac.txt", "a.mp3.txt", "a.wav.txt", "b.txt"]
+
+
+def test_the_same_name_in_two_folders_is_refused_before_loading(no_model, audio, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.wav").write_bytes(b"x")
+    rc = cli.main(["transcribe", audio("a.wav"), str(other / "a.wav"), "-o", str(tmp_path / "out")])
+    assert rc == 2
+    assert_one_error_line(capsys.readouterr().err, "a.wav", "--output-dir")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("batch", [[], ["--batch-size", "4"]])
+def test_several_files_get_headers_batched_or_not(fake_model, audio, tmp_path, capsys, batch):
+    files = [audio("one.wav"), audio("two.wav")]
+    assert cli.main(["transcribe", *files, "-o", str(tmp_path), "-f", "txt", *batch]) == 0
+    assert capsys.readouterr().out == "".join(f"== {f}\n{EXPECTED_STDOUT}" for f in files)
+    assert cli.main(["transcribe", files[0], "-o", str(tmp_path), "-f", "txt", *batch]) == 0
+    assert capsys.readouterr().out == EXPECTED_STDOUT  # one file: no header
+
+
+def test_unwritable_output_dir_fails_before_loading(no_model, audio, tmp_path, monkeypatch, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: make the scratch file fail instead
+            def refuse(*args, **kwargs):
+                raise PermissionError(13, "Permission denied")
+            monkeypatch.setattr(cli.tempfile, "TemporaryFile", refuse)
+        rc = cli.main(["transcribe", audio("a.wav"), "-o", str(locked)])
+    finally:
+        locked.chmod(0o700)
+    assert rc == 1
+    assert_one_error_line(capsys.readouterr().err, "cannot write to output directory", "Permission denied")
+    assert list(locked.iterdir()) == []
+
+
+def test_output_dir_is_created_before_loading(fake_model, audio, tmp_path):
+    out = tmp_path / "new" / "deeper"
+    assert cli.main(["transcribe", audio("a.wav"), "-o", str(out), "-f", "txt", "-q"]) == 0
+    assert [p.name for p in out.iterdir()] == ["a.txt"]  # and no scratch file left behind
+
+
+@pytest.fixture
+def nemo_named_bin(data_dir, tmp_path):
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes((data_dir / "transducer" / "tiny_tdt.nemo").read_bytes())
+    return renamed
+
+
+def test_every_whisper_option_given_to_a_transducer_is_named(no_model, audio, nemo_named_bin, capsys):
+    rc = cli.main(["transcribe", audio("a.wav"), "--model", str(nemo_named_bin), "--beam-size", "5",
+                   "--language", "fr", "--temperature", "0.5", "--initial-prompt", "Hi", "--task", "translate",
+                   "--no-condition-on-previous-text"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    # set explicitly, even to the default value (--beam-size 5), each is named; nothing else is
+    assert_one_error_line(err, "--beam-size", "--language", "--temperature", "--initial-prompt", "--task",
+                          "--condition-on-previous-text", "NeMo transducer")
+    assert "--best-of" not in err and "--seed" not in err
+
+
+def test_a_transducer_without_whisper_options_transcribes(data_dir, nemo_named_bin, tmp_path, capsys):
+    clip = data_dir / "clips" / "c01_hello_short.flac"
+    rc = cli.main(["transcribe", str(clip), "--model", str(nemo_named_bin), "--device", "cpu", "-o", str(tmp_path),
+                   "-f", "txt", "-v"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert (tmp_path / "c01_hello_short.txt").exists()
+    # -v: what was chosen, on one line
+    assert f"ostinato: NeMo transducer model {nemo_named_bin} on cpu, float32; decode loop: " in captured.err
+
+
+def test_translate_on_an_english_only_model_warns(tiny_en_path, data_dir, tmp_path, capsys, one_torch_thread):
+    clip = data_dir / "clips" / "c01_hello_short.flac"
+    rc = cli.main(["transcribe", str(clip), "--model", str(tiny_en_path), "--device", "cpu", "--task", "translate",
+                   "--beam-size", "1", "-o", str(tmp_path), "-f", "txt"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert captured.err.splitlines() == [
+        "ostinato: warning: model is English-only and cannot translate; transcribing instead"]
+    assert "Hello" in (tmp_path / "c01_hello_short.txt").read_text(encoding="utf-8")
+
+
+def test_half_precision_on_the_cpu_falls_back_and_verbose_says_what_was_chosen(
+        tiny_en_path, data_dir, tmp_path, capsys, one_torch_thread):
+    clip = data_dir / "clips" / "c01_hello_short.flac"
+    rc = cli.main(["transcribe", str(clip), "--model", str(tiny_en_path), "--device", "cpu", "--compute-type",
+                   "float16", "--beam-size", "1", "-o", str(tmp_path), "-f", "txt", "-v"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    lines = err.splitlines()
+    assert "ostinato: warning: compute type float16 is not efficient on the CPU: computing in float32 instead" in lines
+    chosen = [line for line in lines if line.startswith("ostinato: Whisper model ")]
+    assert len(chosen) == 1 and "on cpu, float32; decode loop: eager" in chosen[0], err
+    assert "Traceback" not in err
+
+
+def test_model_path_must_not_be_empty(no_model, audio, capsys):
+    assert cli.main(["transcribe", audio("a.wav"), "--model", " "]) == 2
+    assert_one_error_line(capsys.readouterr().err, "--model", "empty")
+
+
+def test_choices_agree_with_the_runtime():
+    # the command line repeats the runtime's names only so that --help needs no torch
+    from ostinato.runtime import DECODE_LOOPS
+    from ostinato.runtime.device import _DTYPES
+
+    assert cli.DECODE_LOOPS == DECODE_LOOPS
+    assert cli.COMPUTE_TYPES == ("auto", *_DTYPES)

@@ -1,6 +1,7 @@
 """``ostinato.load_model`` picks the family from what the checkpoint holds, never from its name, and each
 family's class names the right one for a checkpoint of another."""
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def test_the_family_comes_from_the_contents(tmp_path):
     shutil.copytree(CT2, ct2_as_nemo)
     pt_as_nemo = tmp_path / "weights.nemo"
     shutil.copy(OPENAI_PT, pt_as_nemo)
+    hf_as_nemo = tmp_path / "hf.nemo"
+    shutil.copytree(HF, hf_as_nemo)
+    assert checkpoint_family(hf_as_nemo) == WHISPER
     assert checkpoint_family(NEMO) == TRANSDUCER
     assert checkpoint_family(nemo_as_bin) == TRANSDUCER
     assert checkpoint_family(ct2_as_nemo) == WHISPER
@@ -49,12 +53,19 @@ def test_a_language_model_folder_is_recognised(tmp_path):
 
 
 def test_each_class_names_the_right_one(tmp_path):
-    with pytest.raises(UnsupportedCheckpointError, match="transducer checkpoint: load it with ostinato.TransducerModel"):
-        ostinato.WhisperModel(str(NEMO), device="cpu")
-    with pytest.raises(UnsupportedCheckpointError, match="whisper checkpoint: load it with ostinato.WhisperModel"):
+    nemo_as_pt = tmp_path / "model.pt"  # whatever it is called
+    shutil.copy(NEMO, nemo_as_pt)
+    for path in (NEMO, nemo_as_pt):
+        with pytest.raises(UnsupportedCheckpointError,
+                           match="is a NeMo transducer checkpoint: load it with ostinato.TransducerModel or "
+                                 "ostinato.load_model"):
+            ostinato.WhisperModel(str(path), device="cpu")
+    with pytest.raises(UnsupportedCheckpointError,
+                       match="is a Whisper checkpoint: load it with ostinato.WhisperModel or ostinato.load_model"):
         ostinato.TransducerModel(str(CT2), device="cpu")
-    with pytest.raises(UnsupportedCheckpointError, match="whisper checkpoint"):
-        ostinato.TransducerModel(str(OPENAI_PT), device="cpu")
+    for path in (OPENAI_PT, HF):
+        with pytest.raises(UnsupportedCheckpointError, match="is a Whisper checkpoint"):
+            ostinato.TransducerModel(str(path), device="cpu")
 
 
 def test_nothing_recognisable(tmp_path):
@@ -73,3 +84,24 @@ def test_nothing_recognisable(tmp_path):
 def test_default_and_hub_ids_are_whisper():
     assert checkpoint_family(None) == WHISPER
     assert checkpoint_family("openai/whisper-tiny") == WHISPER
+
+
+def test_an_empty_name_is_refused_by_every_entry_point():
+    for load in (ostinato.load_model, ostinato.WhisperModel, ostinato.TransducerModel):
+        with pytest.raises(ModelLoadError, match="empty"):
+            load("  ")
+
+
+def test_keyword_arguments_pass_through_and_the_choice_is_logged(caplog):
+    import torch
+
+    with caplog.at_level(logging.INFO, logger="ostinato"):
+        model = ostinato.load_model(OPENAI_PT, device="cpu", compute_type="float32", use_graphs=False)
+        transducer = ostinato.load_model(str(NEMO), device="cpu", decode_loop="eager")
+    assert (model.device.type, model.dtype, model.decode_loop) == ("cpu", torch.float32, "eager")
+    assert transducer.device.type == "cpu"
+    chosen = [r.getMessage() for r in caplog.records if r.name == "ostinato.loading"]
+    assert chosen == [
+        f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}",
+        f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}",
+    ]

@@ -30,10 +30,21 @@ def test_resolve_device_auto_and_errors():
             resolve_device("cuda")
 
 
-def test_resolve_dtype():
+def test_resolve_dtype(caplog):
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu) == torch.float32
-    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    # half precision asked for by name on the CPU: float32, with one warning (as faster-whisper)
+    for name in ("float16", "bfloat16"):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="ostinato"):
+            assert resolve_dtype(name, cpu) == torch.float32
+        assert [r.getMessage() for r in caplog.records] == [
+            f"compute type {name} is not efficient on the CPU: computing in float32 instead"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ostinato"):
+        assert resolve_dtype("float32", cpu) == torch.float32
+        assert resolve_dtype(torch.bfloat16, cpu) == torch.bfloat16  # a torch dtype is taken as it is
+    assert caplog.records == []
     assert resolve_dtype("float16", torch.device("cuda", 0)) == torch.float16
     assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
     with pytest.raises(InvalidOptionError, match="unknown compute type"):

@@ -394,3 +394,20 @@ def test_language_on_english_only_model_falls_back_to_english(model, caplog):
     list(segments)
     assert info.language == "en"
     assert any("English-only" in r.getMessage() for r in caplog.records)
+
+
+def test_translate_on_english_only_model_warns_and_transcribes(model, caplog):
+    # The same rule for the task: an English-only model cannot translate; it warns and transcribes.
+    with caplog.at_level("WARNING", logger="ostinato"):
+        options = model.options(task="translate")
+    assert options.task == "transcribe"
+    assert [r.getMessage() for r in caplog.records] == ["model is English-only and cannot translate; transcribing instead"]
+
+
+@pytest.mark.parametrize("language", ["", "  ", 5])
+def test_empty_language_is_refused_before_the_model(language):
+    # The check the command line runs before loading, from the same code.
+    from ostinato.models.whisper.options import TranscribeOptions
+
+    with pytest.raises(InvalidOptionError, match="language must be a code"):
+        TranscribeOptions(language=language).validate()

@@ -8,17 +8,21 @@ Model classes are imported only once the family is known, so detection stays che
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tarfile
 import zipfile
 from pathlib import Path
 from typing import Optional, Union
 
-from .errors import UnsupportedCheckpointError
+from .errors import ModelLoadError, UnsupportedCheckpointError
+
+log = logging.getLogger(__name__)
 
 WHISPER, TRANSDUCER, LANGUAGE_MODEL = "whisper", "transducer", "language model"
 _NEMO_CONFIG = "model_config.yaml"
 _CLASSES = {WHISPER: "WhisperModel", TRANSDUCER: "TransducerModel"}
+_NAMES = {WHISPER: "Whisper", TRANSDUCER: "NeMo transducer", LANGUAGE_MODEL: "decoder-only language model"}
 
 
 def is_nemo_archive(path: Union[str, os.PathLike]) -> bool:
@@ -62,14 +66,22 @@ def _is_whisper_folder(folder: Path) -> bool:
     return config is not None and config.get("model_type") == "whisper"
 
 
+def check_model_name(path_or_id: Union[str, os.PathLike]) -> None:
+    """An empty model path or id raises ``ModelLoadError`` (every family's loader asks this first)."""
+    if not os.fspath(path_or_id).strip():
+        raise ModelLoadError("the model path or id is empty: leave it out for the embedded default model")
+
+
 def checkpoint_family(path_or_id: Union[str, os.PathLike, None]) -> Optional[str]:
     """The family whose class loads ``path_or_id`` ("whisper", "transducer", "language model"), or
     None when a local file or folder holds nothing a family recognises.
 
     None (the embedded default) and names that are no local path (hub ids) are Whisper's, and so
-    is a torch checkpoint file (OpenAI's ``.pt`` is a zip archive)."""
+    is a torch checkpoint file (OpenAI's ``.pt`` is a zip archive). An empty name raises
+    ``ModelLoadError``."""
     if path_or_id is None:
         return WHISPER
+    check_model_name(path_or_id)
     path = Path(os.fspath(path_or_id)).expanduser()
     if not path.exists():
         return WHISPER
@@ -95,22 +107,23 @@ def wrong_family(path: Union[str, os.PathLike], family: str) -> UnsupportedCheck
     """The error a family's class raises for a checkpoint of another family."""
     if family == LANGUAGE_MODEL:
         return _no_language_models(path)
-    name = _CLASSES[family]
     return UnsupportedCheckpointError(
-        f"{os.fspath(path)} is a {family} checkpoint: load it with ostinato.{name} or ostinato.load_model"
+        f"{os.fspath(path)} is a {_NAMES[family]} checkpoint: load it with ostinato.{_CLASSES[family]} "
+        "or ostinato.load_model"
     )
 
 
 def _no_language_models(path) -> UnsupportedCheckpointError:
     return UnsupportedCheckpointError(
-        f"{os.fspath(path)} is a decoder-only language model checkpoint: ostinato does not load language models yet"
+        f"{os.fspath(path)} is a {_NAMES[LANGUAGE_MODEL]} checkpoint: ostinato does not load language models yet"
     )
 
 
 def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
     """The model for ``path_or_id`` (None: the embedded Whisper tiny.en), of whichever family the
     checkpoint's contents say; keyword arguments go to that family's class (``device``,
-    ``compute_type``, ``decode_loop``...)."""
+    ``compute_type``, ``decode_loop``, ``use_graphs``...). What it chose (family, checkpoint, device,
+    dtype, decode loop) is logged at INFO."""
     family = checkpoint_family(path_or_id)
     if family is None:
         raise UnsupportedCheckpointError(
@@ -118,12 +131,13 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
             "(CTranslate2 or Hugging Face folder, OpenAI .pt), a NeMo transducer (.nemo archive) or a "
             "Hugging Face causal language model folder"
         )
-    if family == TRANSDUCER:
-        from .models.transducer.model import TransducerModel
-
-        return TransducerModel(path_or_id, **kwargs)
     if family == LANGUAGE_MODEL:
         raise _no_language_models(path_or_id)
-    from .models.whisper.model import WhisperModel
-
-    return WhisperModel(path_or_id, **kwargs)
+    if family == TRANSDUCER:
+        from .models.transducer.model import TransducerModel as model_class
+    else:
+        from .models.whisper.model import WhisperModel as model_class
+    model = model_class(path_or_id, **kwargs)
+    log.info("%s model %s on %s, %s; decode loop: %s", _NAMES[family], model.model_path, model.device,
+             str(model.dtype).replace("torch.", ""), model.decoder.loop_rung)
+    return model

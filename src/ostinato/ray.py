@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .checks import check_positive_int
 from .errors import InvalidOptionError, OstinatoError
 
 AUDIO_COLUMNS = ("bytes", "audio", "path")  # where a row's audio comes from, first found wins
@@ -40,17 +41,12 @@ class Transcriber:
                  batch_size: int = 16, keep_audio: bool = False, **transcribe_options):
         from .loading import load_model
 
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidOptionError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_positive_int("batch_size", batch_size)
         self.model = load_model(model, device=device, compute_type=compute_type)
         self.batch_size = batch_size
         self.keep_audio = keep_audio
         self.whisper = hasattr(self.model, "transcribe_many")
-        if self.whisper:
-            self.model.options(**transcribe_options)  # a bad option fails the actor at start, not per row
-        elif set(transcribe_options) - {"max_symbols"}:
-            unknown = ", ".join(sorted(set(transcribe_options) - {"max_symbols"}))
-            raise InvalidOptionError(f"a transducer model takes max_symbols only, not {unknown}")
+        self.model.options(**transcribe_options)  # a bad option fails the actor at start, not per row
         self.options = transcribe_options
 
     def __call__(self, batch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 
 def _on(name: str) -> bool:
@@ -25,6 +25,11 @@ def pdl_disabled() -> bool:
 def triton_interpreter() -> bool:
     """TRITON_INTERPRET=1 (Triton's own switch): kernels run on the CPU interpreter, for tests."""
     return _on("TRITON_INTERPRET")
+
+
+def api_key() -> Optional[str]:
+    """OSTINATO_API_KEY: the bearer key ``ostinato serve`` asks for when --api-key is not given (default: none)."""
+    return os.environ.get("OSTINATO_API_KEY")
 
 
 def cache_dirs() -> List[Path]:

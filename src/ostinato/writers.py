@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple
 
+from .checks import check_positive_int
 from .errors import InvalidOptionError
 from .results import Segment, TranscriptionInfo
 
@@ -57,7 +58,7 @@ class SubtitleOptions:
     max_line_count: lines per cue (only together with ``max_line_width``).
     max_words_per_line: words per cue while cues keep to segments (openai-whisper warns that it
         has no effect with ``max_line_width``; it still applies when no line count is given).
-    Zero or None means no limit, as in openai-whisper.
+    None means no limit; a limit is a positive integer.
     """
 
     highlight_words: bool = False
@@ -67,9 +68,8 @@ class SubtitleOptions:
 
     def validate(self) -> None:
         for name in ("max_line_width", "max_line_count", "max_words_per_line"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
 
 
 class Writer:

@@ -103,6 +103,15 @@ def _to_float(array: np.ndarray, what: str) -> np.ndarray:
     raise AudioError(f"unsupported sample type {array.dtype} in {what}: use float32 or int16")
 
 
+def _open(av, file):
+    # Undecodable metadata must not stop the audio: PyAV before 19 is told so, 19 and later skip it
+    # by itself and no longer take the argument.
+    try:
+        return av.open(file, mode="r", metadata_errors="ignore")
+    except TypeError:
+        return av.open(file, mode="r")
+
+
 def _decode(file, name: str, sampling_rate: int) -> np.ndarray:
     import av  # lazy: importing ostinato must not require PyAV
 
@@ -111,7 +120,7 @@ def _decode(file, name: str, sampling_rate: int) -> np.ndarray:
     resampler = av.audio.resampler.AudioResampler(format="s16", layout="mono", rate=sampling_rate)
     chunks = []
     try:
-        with av.open(file, mode="r", metadata_errors="ignore") as container:
+        with _open(av, file) as container:
             if not container.streams.audio:
                 raise AudioError(f"no audio stream in {name}")
             frames = _grouped(_valid_frames(container.decode(audio=0), av), av)

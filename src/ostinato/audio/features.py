@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from ostinato.audio.decode import SAMPLE_RATE
 from ostinato.errors import AudioError
 
-N_FFT = 400
-HOP_LENGTH = 160
+N_FFT = 400  # samples per STFT frame (25 ms)
+HOP_LENGTH = 160  # samples between frames (10 ms)
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # feature frames per second of audio
 
 _FFT_BLOCK = 16384  # frames per FFT batch (~164 s of audio)
 

@@ -48,7 +48,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_dtype(compute_type: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """'auto' is float16 on CUDA (bfloat16 where float16 is not supported) and float32 on the CPU."""
+    """'auto' is float16 on CUDA and float32 on the CPU. As faster-whisper does, 'float16' or
+    'bfloat16' asked for on the CPU fall back to float32 with one warning (half precision is slow
+    there); a ``torch.dtype`` is taken as it is, on any device (tests, experiments)."""
     if isinstance(compute_type, torch.dtype):
         if compute_type not in _DTYPES.values():
             raise InvalidOptionError(f"unsupported compute type {compute_type}")
@@ -62,6 +64,13 @@ def resolve_dtype(compute_type: str | torch.dtype, device: torch.device) -> torc
                 f"unknown compute type {compute_type!r}: use auto, {', '.join(_DTYPES)}"
             )
         dtype = _DTYPES[name]
+        if device.type == "cpu" and dtype != torch.float32:
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "compute type %s is not efficient on the CPU: computing in float32 instead", name
+            )
+            dtype = torch.float32
     return dtype
 
 

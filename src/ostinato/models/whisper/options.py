@@ -7,13 +7,15 @@ import operator
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence, Union
 
+from ...checks import check_positive_int
 from ...errors import InvalidOptionError
 from .search import max_candidates
-from .word_timestamps import DEFAULT_APPEND_PUNCTUATIONS, DEFAULT_PREPEND_PUNCTUATIONS
 
 MAX_TEXT_TOKENS = 448  # Whisper's text context
+TASKS = ("transcribe", "translate")  # what Whisper can be asked to do
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # faster-whisper's fallback schedule
-
+DEFAULT_PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # word timestamps: merged into the word that follows
+DEFAULT_APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"  # word timestamps: merged into the word before
 
 
 def _is_number(value) -> bool:
@@ -100,12 +102,12 @@ class TranscribeOptions:
     seed: Optional[int] = 0  # sampling seed; None: a fresh random seed per call
 
     def validate(self, n_vocab: Optional[int] = None) -> None:
-        if self.task not in ("transcribe", "translate"):
-            raise InvalidOptionError(f"unknown task {self.task!r}: use 'transcribe' or 'translate'")
+        if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
+            raise InvalidOptionError(f"language must be a code such as 'en' (unset: detected), got {self.language!r}")
+        if self.task not in TASKS:
+            raise InvalidOptionError(f"unknown task {self.task!r}: use {' or '.join(map(repr, TASKS))}")
         for name in ("beam_size", "best_of"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(name, getattr(self, name))
         try:
             temps = self.temperatures
         except (TypeError, ValueError):
@@ -144,8 +146,8 @@ class TranscribeOptions:
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
             raise InvalidOptionError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
-        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
-            raise InvalidOptionError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.max_new_tokens is not None:
+            check_positive_int("max_new_tokens", self.max_new_tokens)
         if self.max_new_tokens is not None and self.max_new_tokens >= MAX_TEXT_TOKENS:  # the prompt takes >= 1
             raise InvalidOptionError(
                 f"max_new_tokens ({self.max_new_tokens}) must be less than Whisper's {MAX_TEXT_TOKENS}-token context"

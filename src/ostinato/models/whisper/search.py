@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
-from torch import Tensor
+
+if TYPE_CHECKING:  # annotations only: the options module imports this one and stays free of torch
+    from torch import Tensor
 
 
 @dataclass

@@ -5,9 +5,11 @@ import zlib
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ...audio.features import FRAMES_PER_SECOND
+
+WINDOW_SECONDS = 30  # Whisper's input window
 TIME_PRECISION = 0.02  # seconds per timestamp token
 INPUT_STRIDE = 2  # mel frames per encoder frame
-FRAMES_PER_SECOND = 100  # mel frames per second (hop of 160 samples at 16 kHz)
 FRAME_SECONDS = 1.0 / FRAMES_PER_SECOND
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import InvalidOptionError, ModelLoadError
+from .segments import TIME_PRECISION
 
 # Symbols Whisper's decoders keep out of transcripts (speaker tags, music notes, bracketed
 # annotations); basic punctuation stays allowed. The rule is Whisper's own.
@@ -104,7 +105,7 @@ class WhisperTokenizer:
                 if text:
                     out.append(self.decode(text))
                     text = []
-                out.append(f"<|{(i - self.timestamp_begin) * 0.02:.2f}|>")
+                out.append(f"<|{(i - self.timestamp_begin) * TIME_PRECISION:.2f}|>")
             else:
                 text.append(i)
         if text:

@@ -19,7 +19,9 @@ from .options import (  # noqa: F401 - parse_clip_timestamps: part of the window
     MAX_TEXT_TOKENS, TranscribeOptions, parse_clip_timestamps,
 )
 from .search import SearchOptions, WindowRequest, WindowResult, decode_budget
-from .segments import FRAME_SECONDS, FRAMES_PER_SECOND, TIME_PRECISION, compression_ratio, split_by_timestamps
+from .segments import (
+    FRAME_SECONDS, FRAMES_PER_SECOND, TIME_PRECISION, WINDOW_SECONDS, compression_ratio, split_by_timestamps,
+)
 from .tokenizer import WhisperTokenizer
 from ...results import Segment, TranscriptionInfo, Word
 from .word_timestamps import (
@@ -30,7 +32,7 @@ from .word_timestamps import (
     next_words_segment,
 )
 
-N_FRAMES = 3000  # mel frames in a 30-s window
+N_FRAMES = WINDOW_SECONDS * FRAMES_PER_SECOND  # mel frames in a window
 
 
 def seek_clips(clip_timestamps: Union[str, Sequence[float]], content_frames: int) -> List[Tuple[int, int]]:

@@ -23,18 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .segments import FRAMES_PER_SECOND
+from .options import DEFAULT_APPEND_PUNCTUATIONS, DEFAULT_PREPEND_PUNCTUATIONS
+from .segments import FRAMES_PER_SECOND, INPUT_STRIDE
 from .tokenizer import WhisperTokenizer
 
-TOKENS_PER_SECOND = 50  # encoder frames per second (mel hop of 10 ms, convolution stride 2)
+TOKENS_PER_SECOND = FRAMES_PER_SECOND // INPUT_STRIDE  # encoder frames per second
 MEDIAN_FILTER_WIDTH = 7
-DEFAULT_PREPEND_PUNCTUATIONS = "\"'“¿([{-"
-DEFAULT_APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 SENTENCE_END_MARKS = ".。!！?？"
 # Languages written without spaces: words are split wherever the text decodes to whole characters.
 UNSPACED_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
 # Punctuation that hallucination checks ignore (faster-whisper's list, both sets joined).
-_ANOMALY_PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+_ANOMALY_PUNCTUATION = DEFAULT_PREPEND_PUNCTUATIONS + DEFAULT_APPEND_PUNCTUATIONS
 
 
 def default_alignment_heads(n_layer: int, n_head: int) -> List[Tuple[int, int]]:

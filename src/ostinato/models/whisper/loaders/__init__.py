@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 from ostinato.errors import ModelLoadError
-from ostinato.loading import LANGUAGE_MODEL, TRANSDUCER, checkpoint_family, wrong_family
+from ostinato.loading import LANGUAGE_MODEL, TRANSDUCER, check_model_name, checkpoint_family, wrong_family
 from ostinato.models.whisper.loaders import hub
 from ostinato.models.whisper.loaders.checkpoint import WhisperCheckpoint
 
@@ -24,8 +24,9 @@ _PATH_SUFFIXES = (".pt", ".bin", ".nemo", ".safetensors")
 
 def load_checkpoint(path_or_id: str) -> WhisperCheckpoint:
     text = os.fspath(path_or_id)
+    check_model_name(text)
     path = Path(text).expanduser()
-    if text and path.exists():
+    if path.exists():
         return _load_local(path)
     if _looks_like_path(text):
         raise ModelLoadError(f"model path does not exist: {text}")

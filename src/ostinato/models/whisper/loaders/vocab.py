@@ -23,6 +23,7 @@ from typing import List, Tuple
 
 from ostinato import settings
 from ostinato.errors import ModelLoadError
+from ostinato.models.whisper.segments import TIME_PRECISION, WINDOW_SECONDS
 
 ENGLISH_VOCAB_SIZE = 51864
 
@@ -40,7 +41,7 @@ LANGUAGE_CODES: Tuple[str, ...] = (
 # Package data (ostinato/models/whisper/assets/): byte-level BPE plus <|endoftext|> only.
 _BASE_FILES = {False: "english.tokenizer.json.gz", True: "multilingual.tokenizer.json.gz"}
 _BASE_SIZES = {False: 50256, True: 50257}  # byte-pair tokens before <|endoftext|>
-_NUM_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>
+_NUM_TIMESTAMPS = round(WINDOW_SECONDS / TIME_PRECISION) + 1  # <|0.00|> .. <|30.00|>
 _FORMAT = 1  # bump when the generated file changes for the same package data
 
 
@@ -80,7 +81,7 @@ def special_tokens(num_languages: int) -> List[str]:
         "<|startofprev|>",
         "<|nospeech|>",
         "<|notimestamps|>",
-        *[f"<|{i * 0.02:.2f}|>" for i in range(_NUM_TIMESTAMPS)],
+        *[f"<|{i * TIME_PRECISION:.2f}|>" for i in range(_NUM_TIMESTAMPS)],
     ]
 
 
