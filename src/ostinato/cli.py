@@ -246,6 +246,12 @@ def _error(message: str) -> None:
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
 
 
+def _exit_for(exc: OstinatoError) -> int:
+    """Report a model-load error in one line; a bad option is a usage error, anything else a failure."""
+    _error(str(exc))
+    return EXIT_USAGE if isinstance(exc, InvalidOptionError) else EXIT_FAILURE
+
+
 def _file_error(path: str, exc: BaseException) -> None:
     message = str(exc) or type(exc).__name__
     _error(message if path in message else f"{path}: {message}")
@@ -467,12 +473,8 @@ def _transcribe_files(args: argparse.Namespace) -> int:
 
     try:
         model = _load_model(args)
-    except InvalidOptionError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
     except OstinatoError as exc:
-        _error(str(exc))
-        return EXIT_FAILURE
+        return _exit_for(exc)
 
     if args.batch_size > 1 and hasattr(model, "transcribe_many"):
         try:
@@ -520,12 +522,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         _error(f"the server needs its extra: pip install 'ostinato[server]' ({exc.name} is missing)")
         return EXIT_FAILURE
-    except InvalidOptionError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
     except OstinatoError as exc:
-        _error(str(exc))
-        return EXIT_FAILURE
+        return _exit_for(exc)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

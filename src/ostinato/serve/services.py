@@ -8,13 +8,14 @@ a transducer a small engine that takes whatever uploads wait, each round, and de
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from ..audio import load_audio
 from ..errors import InvalidOptionError, OstinatoError
-from ..models.whisper.engine import Cancelled, EngineStopped
+from ..models.whisper.engine import Cancelled, EngineStopped, settle
 
 
 class WhisperService:
@@ -49,27 +50,21 @@ class WhisperService:
 class _TransducerJob:
     def __init__(self, service: "TransducerService", audio, options: dict, on_segment):
         self.service, self.audio, self.options, self.on_segment = service, audio, options, on_segment
-        self.outcome: Any = None
         self.cancelled = False
-        self._done = threading.Event()
+        self.future: Future = Future()
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self.future.done()
 
     def result(self, timeout: Optional[float] = None):
-        if not self._done.wait(timeout):
-            raise TimeoutError("the transcription has not finished")
-        if isinstance(self.outcome, BaseException):
-            raise self.outcome
-        return self.outcome
+        return self.future.result(timeout)
 
     def cancel(self) -> None:
         self.cancelled = True
 
     def finish(self, outcome) -> None:
-        self.outcome = outcome
-        self._done.set()
+        settle(self.future, outcome)
 
 
 class TransducerService:

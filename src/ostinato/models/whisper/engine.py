@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -49,6 +50,14 @@ class Cancelled(OstinatoError):
 
 class EngineStopped(OstinatoError):
     """The engine is shutting down and takes no new audio."""
+
+
+def settle(future: Future, outcome: Any) -> None:
+    """Complete ``future`` with ``outcome``: an exception is raised by ``result()``, anything else returned."""
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 class _Request:
@@ -106,28 +115,29 @@ class Job:
                  on_segment: Optional[Callable[[Any], None]]):
         self.engine, self.index, self.audio, self.options = engine, index, audio, options
         self.on_segment = on_segment
-        self.outcome: Any = None
         self.cancelled = False
-        self._done = threading.Event()
+        self.future: Future = Future()
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self.future.done()
+
+    @property
+    def outcome(self) -> Any:
+        """The result, or the error in its place (None until done)."""
+        if not self.future.done():
+            return None
+        return self.future.exception() or self.future.result()
 
     def result(self, timeout: Optional[float] = None) -> Tuple[list, Any]:
-        if not self._done.wait(timeout):
-            raise TimeoutError("the transcription has not finished")
-        if isinstance(self.outcome, BaseException):
-            raise self.outcome
-        return self.outcome
+        return self.future.result(timeout)
 
     def cancel(self) -> None:
         """Stop this audio: a waiting one never starts, a running one gives its rows back at once."""
         self.engine._cancel(self)
 
     def _finish(self, outcome: Any) -> None:
-        self.outcome = outcome
-        self._done.set()
+        settle(self.future, outcome)
 
 
 class _Worker(threading.Thread):
