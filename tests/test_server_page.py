@@ -34,13 +34,18 @@ def test_upload_stream_and_download(data_dir, tmp_path):
             page.goto(server.url + "/")
             page.wait_for_selector("#model option", state="attached")
             page.set_input_files("#file", str(clip))
-            page.wait_for_function("document.getElementById('status').textContent === 'Done.'", timeout=120_000)
+            page.wait_for_function("document.getElementById('state').textContent === 'Done.'", timeout=120_000)
             assert page.text_content("#transcript") == want
             with page.expect_download() as download:
                 page.click("#srt")
             srt = Path(download.value.path()).read_text(encoding="utf-8")
             assert download.value.suggested_filename == "c02_numbers.srt"
             assert srt.startswith("1\n00:00:") and "-->" in srt
+            page.wait_for_selector("#vtt:enabled")
+            with page.expect_download() as download:
+                page.click("#vtt")
+            assert Path(download.value.path()).read_text(encoding="utf-8").startswith("WEBVTT")
+            assert page.text_content("#state") == "Done."
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             browser.close()
     finally:

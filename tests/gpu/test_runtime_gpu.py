@@ -95,8 +95,8 @@ def test_capture_failure_falls_back_to_eager_with_one_warning():
     graph = StepGraph(step, device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = graph(4, x=torch.ones(4, device=device))
-        out = graph(4, x=torch.ones(4, device=device))
+        graph(4, x=torch.ones(4, device=device))
+        graph(4, x=torch.ones(4, device=device))
     assert graph.mode(4) == "eager"
     assert len([w for w in caught if "capture" in str(w.message)]) == 1
     # Warm-up ran the step for real before the capture failed; results are still computed eagerly.

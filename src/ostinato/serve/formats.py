@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import List, Tuple
 
 from ..results import Segment, TranscriptionInfo
@@ -16,16 +17,22 @@ def full_text(segments: List[Segment]) -> str:
     return "".join(s.text for s in segments).strip()
 
 
+def usage(info: TranscriptionInfo) -> dict:
+    """OpenAI's usage of a model billed by duration: the audio's seconds, rounded up."""
+    return {"type": "duration", "seconds": math.ceil(info.duration)}
+
+
 def render(segments: List[Segment], info: TranscriptionInfo, fmt: str, task: str, words: bool) -> Tuple[object, str]:
     """(body, media type): a dict for the JSON formats, a string for the others."""
     if fmt == "json":
-        return {"text": full_text(segments)}, MEDIA_TYPES[fmt]
+        return {"text": full_text(segments), "usage": usage(info)}, MEDIA_TYPES[fmt]
     if fmt == "verbose_json":
         body = {
             "task": task,
             "language": info.language,
             "duration": info.duration,
             "text": full_text(segments),
+            "usage": usage(info),
             "segments": [
                 {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens),
                  "temperature": s.temperature, "avg_logprob": s.avg_logprob,

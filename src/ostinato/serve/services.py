@@ -2,8 +2,10 @@
 
 A Whisper model runs a ``TranscriptionEngine`` (every request's windows share the decoder's rows);
 a transducer a small engine that takes whatever uploads wait, each round, and decodes them in one
-``transcribe_batch``. Both give ``submit(audio, options, on_segment) -> job`` with ``job.done``,
-``job.result()`` and ``job.cancel()``, and ``stats()`` for the metrics.
+``transcribe_batch``. Both give ``options(**fields)`` (the model's own checks, as the Python API
+makes them), ``submit(audio, options, on_segment) -> job`` with ``job.future`` (a
+``concurrent.futures.Future``), ``job.done``, ``job.result()`` and ``job.cancel()``, ``sample_rate``
+(what uploads are decoded to), ``warm``/``warm_up()`` and ``stats()`` for the metrics.
 """
 from __future__ import annotations
 
@@ -14,12 +16,20 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..audio import load_audio
-from ..errors import InvalidOptionError, OstinatoError
+from ..errors import OstinatoError
 from ..models.whisper.engine import Cancelled, EngineStopped, settle
+from ..results import TranscriptionInfo
+
+
+def _tone(sample_rate: int, seconds: float = 2.0) -> np.ndarray:
+    """A short generated signal for the warm-up transcription."""
+    t = np.arange(int(sample_rate * seconds)) / sample_rate
+    return (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 
 
 class WhisperService:
     family = "whisper"
+    sample_rate = 16000
 
     def __init__(self, model, batch_size: int, max_search: int, defaults: Dict[str, Any]):
         self.model = model
@@ -35,9 +45,13 @@ class WhisperService:
         return self.engine.submit(audio, options, on_segment)
 
     def warm_up(self) -> None:
-        """One short transcription, so the first request pays for no capture or compile."""
-        tone = (0.1 * np.sin(2 * np.pi * 220 * np.arange(16000 * 2) / 16000)).astype(np.float32)
-        self.submit(tone, self.options(beam_size=1, best_of=1, temperature=0.0)).result(timeout=600)
+        """A short transcription with the server's options at temperature 0 (and a greedy one, if those
+        search), so the first request pays for no graph capture or compile."""
+        runs = [self.options(temperature=0.0)]
+        if max(runs[0].beam_size, runs[0].best_of) > 1:
+            runs.append(self.options(beam_size=1, best_of=1, temperature=0.0))
+        for options in runs:
+            self.submit(_tone(self.sample_rate), options).result(timeout=600)
         self.warm = True
 
     def stats(self) -> Dict[str, int]:
@@ -48,8 +62,8 @@ class WhisperService:
 
 
 class _TransducerJob:
-    def __init__(self, service: "TransducerService", audio, options: dict, on_segment):
-        self.service, self.audio, self.options, self.on_segment = service, audio, options, on_segment
+    def __init__(self, audio, options: dict, on_segment):
+        self.audio, self.options, self.on_segment = audio, options, on_segment
         self.cancelled = False
         self.future: Future = Future()
 
@@ -61,6 +75,7 @@ class _TransducerJob:
         return self.future.result(timeout)
 
     def cancel(self) -> None:
+        """A waiting upload is dropped at the next round; one being decoded finishes with its batch."""
         self.cancelled = True
 
     def finish(self, outcome) -> None:
@@ -74,6 +89,7 @@ class TransducerService:
 
     def __init__(self, model, batch_size: int):
         self.model, self.batch_size = model, batch_size
+        self.sample_rate = model.sample_rate
         self._lock = threading.Condition()
         self._waiting: List[_TransducerJob] = []
         self._running = 0
@@ -83,13 +99,10 @@ class TransducerService:
         self.warm = False
 
     def options(self, **fields):
-        unknown = sorted(set(fields) - {"max_symbols"})
-        if unknown:
-            raise InvalidOptionError(f"a transducer model takes none of: {', '.join(unknown)}")
-        return dict(fields)
+        return self.model.options(**fields)  # max_symbols only: any other option is named and refused
 
     def submit(self, audio, options: dict, on_segment: Optional[Callable] = None):
-        job = _TransducerJob(self, audio, options, on_segment)
+        job = _TransducerJob(audio, options, on_segment)
         with self._lock:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
@@ -98,8 +111,7 @@ class TransducerService:
         return job
 
     def warm_up(self) -> None:
-        tone = (0.1 * np.sin(2 * np.pi * 220 * np.arange(16000 * 2) / 16000)).astype(np.float32)
-        self.submit(tone, {}).result(timeout=600)
+        self.submit(_tone(self.sample_rate), {}).result(timeout=600)
         self.warm = True
 
     def stats(self) -> Dict[str, int]:
@@ -130,8 +142,6 @@ class TransducerService:
                 self._running = 0
 
     def _decode(self, jobs: List[_TransducerJob]) -> None:
-        from ..results import TranscriptionInfo
-
         ready, samples = [], []
         for job in jobs:  # each upload read on its own: a bad one fails alone
             try:
@@ -151,9 +161,13 @@ class TransducerService:
                     ready[i].finish(exc)
                 continue
             for i, result in zip(members, results):
+                # what transcribe_segments gives for the same audio alone
                 segments = self.model.segments(result)
                 for segment in segments:
                     if ready[i].on_segment is not None:
                         ready[i].on_segment(segment)
-                info = TranscriptionInfo(language="", language_probability=1.0, duration=result.audio_duration)
+                info = TranscriptionInfo(
+                    language="und", language_probability=1.0, duration=result.audio_duration,
+                    transcription_options={"max_symbols": max_symbols or self.model.config.max_symbols,
+                                           "decoding": "greedy label looping"})
                 ready[i].finish((segments, info))
