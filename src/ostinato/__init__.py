@@ -18,6 +18,8 @@ _LAZY = {
     "WhisperModel": "ostinato.models.whisper.model",
     "load_model": "ostinato.loading",
     "TransducerModel": "ostinato.models.transducer.model",
+    "LanguageModel": "ostinato.models.llm.model",
+    "Generation": "ostinato.models.llm.model",
     "TransducerResult": "ostinato.models.transducer.model",
 }
 
@@ -35,8 +37,10 @@ def __getattr__(name: str):
 
 __all__ = [
     "AudioError",
+    "Generation",
     "GraphInputError",
     "InvalidOptionError",
+    "LanguageModel",
     "ModelLoadError",
     "OstinatoError",
     "Segment",

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from . import generate_command
 from .errors import InvalidOptionError, ModelLoadError, OstinatoError
 from .writers import FORMATS, SubtitleOptions, format_timestamp, write_result
 
@@ -56,7 +57,8 @@ def _build_parser() -> argparse.ArgumentParser:
     from .models.whisper.options import TASKS, TranscribeOptions  # no torch: --help stays fast
 
     defaults = TranscribeOptions()
-    parser = _ArgumentParser(prog=PROG, description="Speech transcription (Whisper, NeMo transducers) on PyTorch.")
+    parser = _ArgumentParser(prog=PROG, description="Speech transcription (Whisper, NeMo transducers) and text generation "
+                                                        "(decoder-only language models) on PyTorch.")
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
 
@@ -159,6 +161,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-upload-mb", type=float, default=25.0, help="largest upload accepted (default: 25)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="audios waiting or running per model before requests get 429 (default: 64)")
+    generate_command.add_parser(commands)
     return parser
 
 
@@ -244,6 +247,10 @@ def _error(message: str) -> None:
     # Exactly one line: messages from lower layers (e.g. a decoder) may span several.
     text = " ".join(str(message).split("\n")).strip() or "unknown error"
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+
+
+def _raise_usage(message: str) -> None:
+    raise _UsageError(message)
 
 
 def _exit_for(exc: OstinatoError) -> int:
@@ -537,6 +544,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise _UsageError(f"missing command (try '{PROG} --help')")
         if args.command == "serve":
             return _run_serve(args)
+        if args.command == "generate":
+            return generate_command.run(args, _raise_usage, _exit_for)
         return _run_transcribe(args, parser)
     except _UsageError as exc:
         _error(str(exc))

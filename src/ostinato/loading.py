@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 WHISPER, TRANSDUCER, LANGUAGE_MODEL = "whisper", "transducer", "language model"
 _NEMO_CONFIG = "model_config.yaml"
-_CLASSES = {WHISPER: "WhisperModel", TRANSDUCER: "TransducerModel"}
+_CLASSES = {WHISPER: "WhisperModel", TRANSDUCER: "TransducerModel", LANGUAGE_MODEL: "LanguageModel"}
 _NAMES = {WHISPER: "Whisper", TRANSDUCER: "NeMo transducer", LANGUAGE_MODEL: "decoder-only language model"}
 
 
@@ -105,17 +105,9 @@ def checkpoint_family(path_or_id: Union[str, os.PathLike, None]) -> Optional[str
 
 def wrong_family(path: Union[str, os.PathLike], family: str) -> UnsupportedCheckpointError:
     """The error a family's class raises for a checkpoint of another family."""
-    if family == LANGUAGE_MODEL:
-        return _no_language_models(path)
     return UnsupportedCheckpointError(
         f"{os.fspath(path)} is a {_NAMES[family]} checkpoint: load it with ostinato.{_CLASSES[family]} "
         "or ostinato.load_model"
-    )
-
-
-def _no_language_models(path) -> UnsupportedCheckpointError:
-    return UnsupportedCheckpointError(
-        f"{os.fspath(path)} is a {_NAMES[LANGUAGE_MODEL]} checkpoint: ostinato does not load language models yet"
     )
 
 
@@ -132,7 +124,15 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
             "Hugging Face causal language model folder"
         )
     if family == LANGUAGE_MODEL:
-        raise _no_language_models(path_or_id)
+        from .models.llm.model import LanguageModel
+
+        kwargs = dict(kwargs)
+        if "compute_type" in kwargs:  # the speech classes' name for it
+            kwargs["dtype"] = kwargs.pop("compute_type")
+        model = LanguageModel(os.fspath(path_or_id), **kwargs)
+        log.info("%s model %s (%s) on %s, %s; decode loop: %s", _NAMES[family], model.path,
+                 model.config.architecture, model.device, str(model.dtype).replace("torch.", ""), model.decode_loop)
+        return model
     if family == TRANSDUCER:
         from .models.transducer.model import TransducerModel as model_class
     else:

@@ -1,0 +1,257 @@
+"""Language-model decoding on one GPU: ostinato beside transformers' generate and a gpt-fast-style
+compiled decode step, on random bfloat16 weights in released models' shapes.
+
+    python bench/llm_gpu.py --shapes qwen3-8b qwen3.5-2b --batches 1 8 32
+    python bench/llm_gpu.py --shapes qwen3.5-35b-a3b --peers compile      # ~70 GB: an H200
+
+Per shape and batch (prompt 512 tokens, 128 new tokens, medians over --repeats): decode ms/token and
+tok/s; the bytes one decode step must read (weights it touches, for MoE the routed experts only in
+expectation, plus the KV cache and recurrent state) over the measured copy bandwidth; prefill tok/s
+against the measured matmul rate; peak memory against weights + state. Peers in the same run:
+transformers' eager `generate` on a model of the same shape, optionally with its static cache under
+torch.compile (--peers hf-compile), and ostinato's own decode step compiled with
+torch.compile(mode="reduce-overhead") on the same weights and the same cache (gpt-fast's recipe).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, "src")
+
+from ostinato import LanguageModel  # noqa: E402
+from ostinato.runtime import DeviceState, storage_bytes  # noqa: E402
+from ostinato.testing.measure import copy_bandwidth_gbs, matmul_tflops  # noqa: E402
+from ostinato.testing.random_llms import SHAPES, random_network  # noqa: E402
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def step_bytes(model: LanguageModel, batch: int, context: int) -> float:
+    """Bytes one decode step reads: the weights it touches and the rows' state."""
+    net, config = model.net, model.config
+    total = 0.0
+    for name, p in net.named_parameters():
+        nbytes = p.numel() * p.element_size()
+        if name.endswith("embed_tokens.weight") and not config.tie_word_embeddings:
+            nbytes = batch * p.shape[-1] * p.element_size()  # a row per token
+        elif ".experts_" in name:  # experts touched by batch x k routed tokens, in expectation
+            e, k = config.num_experts, config.experts_per_token
+            nbytes *= 1 - (1 - k / e) ** batch
+        total += nbytes
+    for layer in net.model.layers:
+        if layer.linear:
+            la = layer.linear_attn
+            total += 2 * batch * la.v_heads * la.dk * la.dv * 4  # the recurrent state, read and written
+        else:
+            total += 2 * batch * context * config.num_kv_heads * config.head_dim * net.lm_head.weight.element_size()
+    return total
+
+
+def matmul_flops_per_token(model: LanguageModel) -> float:
+    config = model.config
+    active = 0
+    for name, p in model.net.named_parameters():
+        if name.endswith("embed_tokens.weight") or p.dim() < 2 or "conv1d" in name:
+            continue
+        if ".experts_" in name:
+            active += p.numel() * config.experts_per_token / config.num_experts
+        else:
+            active += p.numel()
+    return 2 * active
+
+
+def bench_ostinato(model: LanguageModel, batch: int, prompt: int, new: int, repeats: int):
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=g).tolist()
+    first_call = timed(lambda: model.generate(prompts, max_new_tokens=new))  # compiles and captures the bucket
+    torch.cuda.reset_peak_memory_stats()
+    full = [timed(lambda: model.generate(prompts, max_new_tokens=new)) for _ in range(repeats)]
+    peak = torch.cuda.max_memory_allocated()
+    first = [timed(lambda: model.generate(prompts, max_new_tokens=1)) for _ in range(repeats)]
+    decode = (statistics.median(full) - statistics.median(first)) / (new - 1)
+    return decode, statistics.median(first), peak, first_call
+
+
+def bench_compiled_step(model: LanguageModel, batch: int, prompt: int, new: int, repeats: int):
+    """gpt-fast's recipe on ostinato's network: the whole decode step (greedy choice included) under
+    torch.compile(mode="reduce-overhead"), a static cache, the host feeding each token back."""
+    net = model.net
+    state = DeviceState(model.device)
+    for name, (shape, dtype) in net.state_spec(batch, prompt + new).items():
+        state.allocate(name, shape, dtype)
+
+    def step(tokens, positions):
+        return net.decode(tokens, positions, state, batch).argmax(-1)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
+    start = time.perf_counter()
+    for i in range(3):
+        tokens = compiled(tokens, torch.full((batch,), prompt + i, device=model.device)).clone()
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    positions = [torch.full((batch,), prompt + i, device=model.device) for i in range(new)]
+
+    def run():
+        t = tokens
+        for p in positions:
+            t = compiled(t, p).clone()
+
+    times = [timed(run) / new for _ in range(repeats)]
+    return statistics.median(times), compile_s
+
+
+def hf_model(shape: str, dtype):
+    import transformers as tf
+
+    raw = dict(SHAPES[shape])
+    arch = raw.pop("architectures")[0]
+    raw.pop("full_attention_interval", None)
+    if arch == "Qwen3ForCausalLM":
+        config, cls = tf.Qwen3Config(**raw), tf.Qwen3ForCausalLM
+    elif arch == "Qwen3_5ForCausalLM":
+        config, cls = tf.Qwen3_5TextConfig(**raw), tf.Qwen3_5ForCausalLM
+    else:
+        config, cls = tf.Qwen3_5MoeTextConfig(**raw), tf.Qwen3_5MoeForCausalLM
+    config.eos_token_id = None
+    with torch.device("cuda"):
+        model = cls(config).to(dtype).eval()
+    return model
+
+
+def bench_hf(model, batch: int, prompt: int, new: int, compiled: bool):
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=g).cuda()
+    options = dict(do_sample=False, pad_token_id=0)
+    if compiled:
+        options.update(cache_implementation="static", compile_config=None)
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=3, min_new_tokens=3, **options)
+        one = timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **options))
+        many = timed(lambda: model.generate(ids, max_new_tokens=new, min_new_tokens=new, **options))
+    return (many - one) / (new - 1)
+
+
+def profile(model: LanguageModel, prompt: int) -> None:
+    """Where a batch-1 decode step's and a prefill's GPU time goes: the top kernels."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    ids = [torch.randint(0, model.config.vocab_size, (prompt,)).tolist()]
+    model.generate(ids, max_new_tokens=33)
+    for label, new in (("prefill + 32 decode steps, batch 1", 33),):
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model.generate(ids, max_new_tokens=new)
+            torch.cuda.synchronize()
+        print(f"-- profile: {label}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["qwen3-8b", "qwen3.5-2b"], choices=sorted(SHAPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--long-prefill", type=int, default=4096, help="prompt length of the prefill-rate row")
+    parser.add_argument("--peers", default="hf,compile", help="comma list of hf, hf-compile, compile, or none")
+    parser.add_argument("--hf-new", type=int, default=17, help="new tokens for transformers' eager generate")
+    parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of a decode and a prefill")
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
+                        help="ostinato's compiled decode step (default: auto)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/llm_gpu.py needs a CUDA device")
+    peers = set(args.peers.split(",")) - {"none", ""}
+    device = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    bandwidth = copy_bandwidth_gbs(device)
+    tflops = matmul_tflops(device, torch.bfloat16)
+    print(f"measured: copy {bandwidth:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s\n", flush=True)
+    for shape in args.shapes:
+        net = random_network(SHAPES[shape], device, torch.bfloat16)
+        model = LanguageModel.from_network(net, max_batch_size=max(args.batches),
+                                           compile={"auto": "auto", "on": True, "off": False}[args.compile])
+        weights = storage_bytes(list(net.parameters()))
+        print(f"== {shape}: {model.config.architecture}, {weights / 1e9:.1f} GB of weights, decode loop: "
+              f"{model.decode_loop}, compiled step: {model.decoder.compile_step}", flush=True)
+        rows = []
+        for batch in args.batches:
+            decode, prefill_s, peak, first_call = bench_ostinato(model, batch, args.prompt, args.new, args.repeats)
+            state = model.decoder.state.nbytes()
+            moved = step_bytes(model, batch, args.prompt + args.new // 2)
+            row = dict(batch=batch, ms=decode * 1e3, tok_s=batch / decode, gbs=moved / decode / 1e9,
+                       prefill_tok_s=batch * args.prompt / prefill_s, peak=peak, budget=weights + state,
+                       first_call_s=first_call)
+            if "compile" in peers:
+                try:
+                    row["compiled_ms"], row["compile_s"] = (x * f for x, f in zip(
+                        bench_compiled_step(model, batch, args.prompt, args.new, args.repeats), (1e3, 1)))
+                except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                    row["compiled_ms"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            rows.append(row)
+            print(f"  batch {batch}: {row}", flush=True)
+        if args.profile:
+            profile(model, args.prompt)
+        # prefill rate at a long prompt
+        long = [torch.randint(0, model.config.vocab_size, (args.long_prefill,)).tolist()]
+        model.generate(long, max_new_tokens=1)
+        long_s = statistics.median(timed(lambda: model.generate(long, max_new_tokens=1)) for _ in range(args.repeats))
+        long_rate = matmul_flops_per_token(model) * args.long_prefill / long_s / 1e12
+        hf_rows = {}
+        if peers & {"hf", "hf-compile"}:
+            del model
+            gc.collect()
+            torch.cuda.empty_cache()
+            for compiled in [c for c, name in ((False, "hf"), (True, "hf-compile")) if name in peers]:
+                try:
+                    ref = hf_model(shape, torch.bfloat16)
+                    for batch in args.batches:
+                        hf_rows[(compiled, batch)] = bench_hf(ref, batch, args.prompt, args.hf_new, compiled) * 1e3
+                except Exception as exc:  # noqa: BLE001
+                    traceback.print_exc(limit=2)
+                    for batch in args.batches:
+                        hf_rows.setdefault((compiled, batch), f"failed: {type(exc).__name__}: "
+                                                              f"{str(exc).splitlines()[0][:60]}")
+                ref = None
+                gc.collect()
+                torch.cuda.empty_cache()
+        del net
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"\n{shape}, prompt {args.prompt}, {args.new} new tokens, bf16, medians of {args.repeats}")
+        head = (f"{'batch':>5} | {'ostinato ms/tok':>15} | {'tok/s':>8} | {'GB/s read':>9} | {'% copy bw':>9} | "
+                f"{'compiled step ms/tok':>20} | {'transformers eager ms/tok':>25} | {'hf static+compile':>17} | "
+                f"{'prefill tok/s':>13} | {'peak / (weights+state)':>22}")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            def cell(v, width):
+                return f"{v:>{width}.2f}" if isinstance(v, float) else f"{str(v if v is not None else '-'):>{width}}"[:width]
+            print(f"{r['batch']:>5} | {r['ms']:>15.2f} | {r['tok_s']:>8.0f} | {r['gbs']:>9.0f} | "
+                  f"{100 * r['gbs'] / bandwidth:>8.0f}% | {cell(r.get('compiled_ms'), 20)} | "
+                  f"{cell(hf_rows.get((False, r['batch'])), 25)} | {cell(hf_rows.get((True, r['batch'])), 17)} | "
+                  f"{r['prefill_tok_s']:>13.0f} | {r['peak'] / 1e9:>8.2f} / {r['budget'] / 1e9:.2f} GB "
+                  f"({r['peak'] / r['budget']:.2f}x) | first call {r['first_call_s']:.1f} s")
+        print(f"prefill of one {args.long_prefill}-token prompt: {args.long_prefill / long_s:.0f} tok/s, "
+              f"{long_rate:.0f} TFLOP/s of matmul work = {100 * long_rate / tflops:.0f}% of the measured rate\n",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The gated delta rule of Gated DeltaNet: chunked for prefill, one token at a time for decode.
+
+Per head, with a state S (key dim x value dim), a decay g_t (log space), a write strength beta_t
+and L2-normalised q_t, k_t:  S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - k_t^T exp(g_t) S_{t-1}))^T,
+o_t = S_t^T q_t / sqrt(dk). The chunked form (the WY representation of the delta rule) solves a
+unit lower-triangular system per chunk and carries S from chunk to chunk; it gives the same numbers
+as the recurrence up to rounding. Both run in float32, as the reference implementations do.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                       chunk: int = 64) -> Tuple[Tensor, Tensor]:
+    """q, k: [B, T, H, dk]; v: [B, T, H, dv]; g, beta: [B, T, H]; state: [B, H, dk, dv] float32.
+
+    Returns (output [B, T, H, dv] in q's dtype, final state [B, H, dk, dv] float32).
+    """
+    out_dtype = q.dtype
+    batch, length, heads, dk = k.shape
+    dv = v.shape[-1]
+    q, k, v, g, beta = (x.transpose(1, 2).to(torch.float32).contiguous() for x in (q, k, v, g, beta))
+    q = l2_normalize(q) * dk ** -0.5
+    k = l2_normalize(k)
+    pad = (-length) % chunk
+    if pad:  # padded steps write nothing (beta 0, k 0) and do not decay (g 0)
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (length + pad) // chunk
+    q, k, v = (x.reshape(batch, heads, n, chunk, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(batch, heads, n, chunk), beta.reshape(batch, heads, n, chunk)
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    decay = g.cumsum(-1)  # log of the decay from the chunk's start to each step
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    # exp(decay_i - decay_j) for j <= i, zero above the diagonal
+    pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(future, float("-inf")).exp()
+    # (I + the strictly lower part of this) u = rhs, for the values and the decayed keys of each chunk;
+    # solve_triangular with unitriangular=True reads only the part below the diagonal
+    system = (k_beta @ k.transpose(-1, -2)) * pair
+    values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    keys_decayed = torch.linalg.solve_triangular(system, k_beta * decay.exp()[..., None], upper=False,
+                                                 unitriangular=True)
+    inner = (q @ k.transpose(-1, -2)) * pair
+    q_decayed = q * decay.exp()[..., None]
+    k_to_end = k * (decay[..., -1:] - decay).exp()[..., None]
+    chunk_decay = decay[..., -1].exp()[..., None, None]
+    state = state.to(torch.float32)
+    out = torch.empty_like(values)
+    for i in range(n):
+        new_v = values[:, :, i] - keys_decayed[:, :, i] @ state
+        out[:, :, i] = q_decayed[:, :, i] @ state + inner[:, :, i] @ new_v
+        state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ new_v
+    out = out.reshape(batch, heads, n * chunk, dv)[:, :, :length]
+    return out.transpose(1, 2).to(out_dtype), state
+
+
+def recurrent_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
+    """One token per row, in place on ``state``: q, k [B, H, dk]; v [B, H, dv]; g, beta [B, H];
+    state [B, H, dk, dv] float32. Returns the output [B, H, dv] in q's dtype."""
+    out_dtype = q.dtype
+    dk = q.shape[-1]
+    q = l2_normalize(q.float()) * dk ** -0.5
+    k = l2_normalize(k.float())
+    v, g, beta = v.float(), g.float(), beta.float()
+    state.mul_(g.exp()[..., None, None])
+    remembered = (state * k[..., None]).sum(dim=-2)
+    delta = (v - remembered) * beta[..., None]
+    state.add_(k[..., None] * delta[..., None, :])
+    return (state * q[..., None]).sum(dim=-2).to(out_dtype)

@@ -1,0 +1,338 @@
+"""The layers of the decoder-only family: RMSNorm, rotary embeddings, attention with a static KV
+cache, Gated DeltaNet with its conv and recurrent state, the SwiGLU MLP and the routed MoE.
+
+Every layer has two entry points that share its weights and its state buffers:
+``prefill(x [G, T, H], rows, start, ...)`` runs a chunk of T prompt tokens for G rows (the rows'
+indices into the state), and ``decode(x [B, H], ...)`` runs one token for each of the state's first
+B rows with graph-safe ops only (no host sync, fixed shapes). Parameter names follow the Hugging
+Face checkpoints, so loading is a rename at most.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import LLMConfig
+from .delta_rule import chunked_delta_rule, recurrent_delta_step
+
+DELTA_RULE_TOKENS = 2048  # rows x tokens per chunked delta-rule call in prefill
+
+
+class RMSNorm(nn.Module):
+    """Llama/Qwen3 scale the normalised input cast back to its dtype; Qwen3-Next and Qwen3.5 store the
+    weight as an offset from one and scale in float32 before the cast."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool):
+        super().__init__()
+        self.eps, self.zero_centered = eps, zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * h.to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """Gated DeltaNet's output norm: RMSNorm per value head, then times silu(z)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(x.dtype)
+        return (h * F.silu(z.float())).to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding on the first ``2 * cos.shape[-1]`` features of each head (the rest pass)."""
+    dim = cos.shape[-1] * 2
+    rot, rest = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    cos2, sin2 = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    turned = torch.cat((-rot[..., half:], rot[..., :half]), -1)
+    out = rot * cos2 + turned * sin2
+    return torch.cat((out, rest), -1) if rest.shape[-1] else out
+
+
+def rotary_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype):
+    """cos and sin for ``positions`` (any shape), computed in float32 and cast as the reference does."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LLMConfig):
+        super().__init__()
+        c = config
+        self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.gated = c.gated_attention
+        q_out = c.num_heads * c.head_dim * (2 if self.gated else 1)
+        self.q_proj = nn.Linear(c.hidden_size, q_out, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.zero_centered_norm)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.zero_centered_norm)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = c.head_dim ** -0.5
+
+    def _project(self, x: Tensor, cos: Tensor, sin: Tensor):
+        """q, k, v as [..., heads, head_dim] (rotated, normed), and the output gate or None."""
+        lead = x.shape[:-1]
+        q = self.q_proj(x)
+        gate = None
+        if self.gated:  # per head: the query, then its gate
+            q, gate = q.view(*lead, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(*lead, self.heads * self.head_dim)
+        q = q.reshape(*lead, self.heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+        return rotate(q, cos, sin), rotate(k, cos, sin), v, gate
+
+    def _finish(self, out: Tensor, gate: Optional[Tensor]) -> Tensor:
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, rows: Tensor,
+                start: int) -> Tensor:
+        """x [G, T, H]: tokens start..start+T-1 of rows ``rows``; attends to the cache plus the chunk."""
+        g, t, _ = x.shape
+        q, k, v, gate = self._project(x, cos, sin)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        cache_k[rows, :, start:start + t] = k
+        cache_v[rows, :, start:start + t] = v
+        gqa = self.heads != self.kv_heads
+        if start == 0:  # the whole prompt so far is this chunk: plain causal attention (flash kernels)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, scale=self.scale,
+                                                 enable_gqa=gqa)
+        else:
+            keys, values = cache_k[rows, :, :start + t], cache_v[rows, :, :start + t]
+            causal = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=causal,
+                                                 scale=self.scale, enable_gqa=gqa)
+        return self._finish(out.transpose(1, 2).reshape(g, t, -1), gate)
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor,
+               visible: Tensor) -> Tensor:
+        """x [B, H]: one token per row at ``positions``; ``visible`` [B, L] marks the cache entries each
+        row attends to. The cache is the first B rows' views."""
+        b = x.shape[0]
+        q, k, v, gate = self._project(x, cos, sin)
+        rows = torch.arange(b, device=x.device)
+        cache_k[rows, :, positions] = k
+        cache_v[rows, :, positions] = v
+        group = self.heads // self.kv_heads
+        # [B, kv, group, d] @ [B, kv, d, L]: each key and value row is read once for its query group
+        scores = torch.matmul(q.view(b, self.kv_heads, group, self.head_dim), cache_k.transpose(-1, -2))
+        scores = (scores * self.scale).masked_fill(~visible[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(weights, cache_v).reshape(b, self.heads * self.head_dim)
+        return self._finish(out, gate)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention layer (Qwen3-Next's fused projections are split to this layout on load)."""
+
+    def __init__(self, config: LLMConfig):
+        super().__init__()
+        c = config
+        self.k_heads, self.v_heads = c.linear_num_key_heads, c.linear_num_value_heads
+        self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim, self.value_dim = self.k_heads * self.dk, self.v_heads * self.dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = c.linear_conv_kernel
+        self.in_proj_qkv = nn.Linear(c.hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(c.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(c.hidden_size, self.v_heads, bias=False)
+        self.in_proj_a = nn.Linear(c.hidden_size, self.v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.v_heads))
+        self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, c.hidden_size, bias=False)
+
+    def _split(self, mixed: Tensor, a: Tensor, b: Tensor):
+        lead = mixed.shape[:-1]
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(*lead, self.k_heads, self.dk)
+        k = k.reshape(*lead, self.k_heads, self.dk)
+        v = v.reshape(*lead, self.v_heads, self.dv)
+        if self.v_heads != self.k_heads:
+            q = q.repeat_interleave(self.v_heads // self.k_heads, dim=-2)
+            k = k.repeat_interleave(self.v_heads // self.k_heads, dim=-2)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        return q, k, v, g, beta
+
+    def _finish(self, out: Tensor, z: Tensor) -> Tensor:
+        lead = out.shape[:-2]
+        out = self.norm(out, z.reshape(*lead, self.v_heads, self.dv))
+        return self.out_proj(out.reshape(*lead, self.value_dim))
+
+    def prefill(self, x: Tensor, conv_state: Tensor, rec_state: Tensor, rows: Tensor) -> Tensor:
+        g_rows, t, _ = x.shape
+        mixed = self.in_proj_qkv(x).transpose(1, 2)  # [G, C, T]
+        window = torch.cat((conv_state[rows].to(mixed.dtype), mixed), dim=-1)  # the last K-1 inputs, then these
+        conv_state[rows] = window[..., -(self.kernel - 1):].to(conv_state.dtype)
+        weight = self.conv1d.weight
+        mixed = F.silu(F.conv1d(window.to(weight.dtype), weight, groups=self.conv_dim)).to(x.dtype)
+        q, k, v, g, beta = self._split(mixed.transpose(1, 2), self.in_proj_a(x), self.in_proj_b(x))
+        # a few rows at a time: the rule's float32 temporaries grow with rows x tokens
+        step = max(1, DELTA_RULE_TOKENS // t)
+        outs = []
+        for i in range(0, g_rows, step):
+            part = slice(i, i + step)
+            out, final = chunked_delta_rule(q[part], k[part], v[part], g[part], beta[part], rec_state[rows[part]])
+            rec_state[rows[part]] = final
+            outs.append(out)
+        return self._finish(torch.cat(outs) if len(outs) > 1 else outs[0], self.in_proj_z(x))
+
+    def decode(self, x: Tensor, conv_state: Tensor, rec_state: Tensor) -> Tensor:
+        mixed = self.in_proj_qkv(x)[:, :, None]  # [B, C, 1]
+        window = torch.cat((conv_state.to(mixed.dtype), mixed), dim=-1)
+        conv_state.copy_(window[..., 1:])
+        weight = self.conv1d.weight
+        mixed = F.silu(F.conv1d(window.to(weight.dtype), weight, groups=self.conv_dim)).to(x.dtype)[..., 0]
+        q, k, v, g, beta = self._split(mixed, self.in_proj_a(x), self.in_proj_b(x))
+        out = recurrent_delta_step(q, k, v, g, beta, rec_state)
+        return self._finish(out, self.in_proj_z(x))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inner: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's grouped GEMM runs here (CUDA, Hopper or newer, bfloat16) on the experts'
+    stacked layout: tried once on a small problem of that layout, since support varies by build."""
+    if device.type != "cuda" or dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
+        return False
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        weights = torch.randn(4, 64, 32, device=device, dtype=dtype)  # [E, out, in]
+        x = torch.randn(8, 32, device=device, dtype=dtype)
+        offsets = torch.tensor([2, 2, 5, 8], dtype=torch.int32, device=device)
+        got = torch._grouped_mm(x, weights.transpose(-1, -2), offs=offsets)
+        want = torch.cat([x[0:2] @ weights[0].t(), x[2:5] @ weights[2].t(), x[5:8] @ weights[3].t()])
+        return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (softmax, then the top k, renormalised when configured), plus Qwen3-Next
+    and Qwen3.5's shared expert scaled by its sigmoid gate. Experts are stored stacked:
+    gate_up [E, 2I, H] (gate rows first) and down [E, H, I]."""
+
+    def __init__(self, config: LLMConfig):
+        super().__init__()
+        c = config
+        self.experts, self.top_k, self.normalize = c.num_experts, c.experts_per_token, c.norm_topk_prob
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts_gate_up = nn.Parameter(torch.empty(c.num_experts, 2 * c.moe_intermediate_size, c.hidden_size))
+        self.experts_down = nn.Parameter(torch.empty(c.num_experts, c.hidden_size, c.moe_intermediate_size))
+        if c.shared_expert:
+            self.shared_expert = MLP(c.hidden_size, c.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = None
+        self.grouped = False  # set by the model once it knows its device and dtype
+
+    def route(self, x: Tensor):
+        logits = self.gate(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), chosen
+
+    def forward(self, x: Tensor, graph_safe: bool) -> Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, chosen = self.route(x)
+        if self.grouped:
+            out = self._grouped(x, weights, chosen)
+        elif graph_safe:
+            out = self._gathered(x, weights, chosen)
+        else:
+            out = self._per_expert(x, weights, chosen)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.reshape(shape)
+
+    def _per_expert(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        """Each expert over the tokens routed to it (host-side indexing: eager prefill on any device)."""
+        out = torch.zeros_like(x)
+        for expert in chosen.unique().tolist():
+            token, slot = torch.where(chosen == expert)
+            gate, up = F.linear(x[token], self.experts_gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.experts_down[expert]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+    def _gathered(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        """Each token's k experts' weights gathered: fixed shapes, for decode graphs of few tokens."""
+        gate_up = self.experts_gate_up[chosen]  # [N, k, 2I, H]
+        h = torch.matmul(gate_up, x[:, None, :, None]).squeeze(-1)  # [N, k, 2I]
+        gate, up = h.chunk(2, dim=-1)
+        y = torch.matmul(self.experts_down[chosen], (F.silu(gate) * up)[..., None]).squeeze(-1)  # [N, k, H]
+        return (y * weights[..., None]).sum(dim=1)
+
+    def _grouped(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        """Tokens sorted by expert through one grouped GEMM per projection: each expert's weights are
+        read once per step, whatever the number of tokens routed to it; fixed shapes, graph-safe."""
+        n, k = chosen.shape
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // k
+        counts = torch.zeros(self.experts, dtype=torch.int32, device=x.device)
+        counts.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        h = torch._grouped_mm(x[token], self.experts_gate_up.transpose(-1, -2), offs=offsets)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch._grouped_mm((F.silu(gate) * up).contiguous(), self.experts_down.transpose(-1, -2), offs=offsets)
+        y = y * weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LLMConfig, index: int):
+        super().__init__()
+        c = config
+        self.linear = c.layer_types[index] == "linear_attention"
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(c)
+        else:
+            self.self_attn = Attention(c)
+        self.moe = c.is_moe(index)
+        self.mlp = MoE(c) if self.moe else MLP(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm)
+
+    def _mlp(self, x: Tensor, graph_safe: bool) -> Tensor:
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, graph_safe) if self.moe else self.mlp(h))
