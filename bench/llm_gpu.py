@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--long-prefill", type=int, default=4096, help="prompt length of the prefill-rate row")
     parser.add_argument("--peers", default="hf,compile", help="comma list of hf, hf-compile, compile, or none")
     parser.add_argument("--hf-new", type=int, default=17, help="new tokens for transformers' eager generate")
+    parser.add_argument("--compile-batches", nargs="+", type=int, default=[1],
+                        help="batches for the compiled-step peer (each compiles for about a minute)")
     parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of a decode and a prefill")
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                         help="ostinato's compiled decode step (default: auto)")
@@ -198,7 +200,7 @@ def main() -> None:
             row = dict(batch=batch, ms=decode * 1e3, tok_s=batch / decode, gbs=moved / decode / 1e9,
                        prefill_tok_s=batch * args.prompt / prefill_s, peak=peak, budget=weights + state,
                        first_call_s=first_call)
-            if "compile" in peers:
+            if "compile" in peers and batch in args.compile_batches:
                 try:
                     row["compiled_ms"], row["compile_s"] = (x * f for x, f in zip(
                         bench_compiled_step(model, batch, args.prompt, args.new, args.repeats), (1e3, 1)))

@@ -45,24 +45,42 @@ def test_greedy_tokens_equal_transformers_generate(name):
         assert out.prompt_tokens == len(prompt)
 
 
+def exact_logits(ref, ids):
+    """transformers' logits in float32 and in float64 (the exact answer, near enough): how far its own
+    float32 run lands from the exact one sets what "within float32 tolerance" means for a model."""
+    with torch.no_grad():
+        want32 = ref(ids).logits[0].double()
+        ref.double()
+        if hasattr(ref, "set_experts_implementation"):  # the grouped-mm experts take no float64
+            ref.set_experts_implementation("eager")
+        want64 = ref(ids).logits[0]
+    return want64, (want32 - want64).abs().max().item()
+
+
+def assert_float32_close(got, want64, ref_error):
+    """As close to the exact logits as transformers' float32 run is, give or take rounding order
+    (fusing projections into one GEMM reorders sums; a 200-token recurrence amplifies that)."""
+    error = (got.double() - want64).abs().max().item()
+    assert error <= 3 * ref_error + 2e-5, f"max error {error:.2e} against transformers' own {ref_error:.2e}"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_equal_transformers_within_float32_tolerance(name):
     ref = reference(name)
     model = LanguageModel(os.path.join(DATA, name), device="cpu")
     ids = torch.tensor([prompts(1)[-1]])  # 200 tokens
-    with torch.no_grad():
-        want = ref(ids).logits[0].float()
+    want, ref_error = exact_logits(ref, ids)
     model.decoder.ensure(1, ids.shape[1], 1)
     rows = torch.tensor([0])
     with torch.no_grad():
         got = model.net.logits(model.net.prefill(ids, rows, 0, model.decoder.state))[0]
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-4)
+    assert_float32_close(got, want, ref_error)
     # the same prompt prefilled in three chunks: attention over the chunk plus the cache, the delta
     # rule and the conv window carried across chunks
     model.net.reset_rows(model.decoder.state, rows)
     with torch.no_grad():
         parts = [model.net.prefill(ids[:, s:e], rows, s, model.decoder.state) for s, e in ((0, 70), (70, 71), (71, 200))]
-    torch.testing.assert_close(model.net.logits(torch.cat(parts, dim=1))[0], want, rtol=1e-4, atol=5e-4)
+    assert_float32_close(model.net.logits(torch.cat(parts, dim=1))[0], want, ref_error)
 
 
 def test_decode_step_logits_equal_transformers():

@@ -55,3 +55,25 @@ def test_streaming_on_the_device_loop_gives_the_generated_text():
     pieces = list(model.stream(prompt, max_new_tokens=30, every=4))
     assert len(pieces) > 1
     assert "".join(pieces) == model.generate([prompt], max_new_tokens=30)[0].text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_delta_step_kernel_equals_the_pytorch_step(dtype):
+    from ostinato.models.llm.delta_rule import recurrent_delta_step
+    from ostinato.ops import delta_rule
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, k_heads, v_heads, dk, dv = 5, 4, 8, 128, 64
+    q, k = (torch.randn(rows, k_heads, dk, device="cuda", generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(rows, v_heads, dv, device="cuda", generator=g).to(dtype)
+    decay = -torch.rand(rows, v_heads, device="cuda", generator=g)
+    beta = torch.rand(rows, v_heads, device="cuda", generator=g).to(dtype)
+    big = torch.randn(rows + 3, v_heads, dk, dv, device="cuda", generator=g)
+    state = big[:rows]  # a row slice of a larger buffer, as the decoder passes it
+    assert delta_rule.can_run(state, dk, dv)
+    want_state = state.clone()
+    want = recurrent_delta_step(q.repeat_interleave(2, 1), k.repeat_interleave(2, 1), v, decay, beta, want_state)
+    got = delta_rule.delta_step(q, k, v, decay, beta, state)
+    torch.testing.assert_close(state, want_state, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)

@@ -15,10 +15,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...ops import delta_rule as delta_kernel
 from .config import LLMConfig
 from .delta_rule import chunked_delta_rule, recurrent_delta_step
 
 DELTA_RULE_TOKENS = 2048  # rows x tokens per chunked delta-rule call in prefill
+
+
+def fuse_linears(*linears: nn.Linear) -> Optional[Tensor]:
+    """One weight for projections of the same input (one GEMM instead of several per step): their
+    weights become views of it, so the model still holds one copy. None when any has a bias."""
+    if any(layer.bias is not None for layer in linears):
+        return None
+    fused = torch.cat([layer.weight.detach() for layer in linears])
+    offset = 0
+    for layer in linears:
+        rows = layer.weight.shape[0]
+        layer.weight = nn.Parameter(fused[offset:offset + rows], requires_grad=False)
+        offset += rows
+    return fused
 
 
 class RMSNorm(nn.Module):
@@ -87,18 +102,26 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = c.head_dim ** -0.5
+        self.fused = None
+
+    def fuse(self) -> None:
+        self.fused = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def _project(self, x: Tensor, cos: Tensor, sin: Tensor):
         """q, k, v as [..., heads, head_dim] (rotated, normed), and the output gate or None."""
         lead = x.shape[:-1]
-        q = self.q_proj(x)
+        if self.fused is not None:
+            q, k, v = F.linear(x, self.fused).split(
+                [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         gate = None
         if self.gated:  # per head: the query, then its gate
-            q, gate = q.view(*lead, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q, gate = q.reshape(*lead, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(*lead, self.heads * self.head_dim)
         q = q.reshape(*lead, self.heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.kv_heads, self.head_dim)
+        k = k.reshape(*lead, self.kv_heads, self.head_dim)
+        v = v.reshape(*lead, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
@@ -166,14 +189,24 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, c.hidden_size, bias=False)
+        self.fused = None
 
-    def _split(self, mixed: Tensor, a: Tensor, b: Tensor):
+    def fuse(self) -> None:
+        self.fused = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+
+    def _project(self, x: Tensor):
+        """(qkv before the conv, z, b, a): one GEMM once fused."""
+        if self.fused is None:
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        return F.linear(x, self.fused).split([self.conv_dim, self.value_dim, self.v_heads, self.v_heads], dim=-1)
+
+    def _split(self, mixed: Tensor, a: Tensor, b: Tensor, repeat: bool = True):
         lead = mixed.shape[:-1]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(*lead, self.k_heads, self.dk)
         k = k.reshape(*lead, self.k_heads, self.dk)
         v = v.reshape(*lead, self.v_heads, self.dv)
-        if self.v_heads != self.k_heads:
+        if repeat and self.v_heads != self.k_heads:
             q = q.repeat_interleave(self.v_heads // self.k_heads, dim=-2)
             k = k.repeat_interleave(self.v_heads // self.k_heads, dim=-2)
         beta = b.sigmoid()
@@ -187,12 +220,13 @@ class GatedDeltaNet(nn.Module):
 
     def prefill(self, x: Tensor, conv_state: Tensor, rec_state: Tensor, rows: Tensor) -> Tensor:
         g_rows, t, _ = x.shape
-        mixed = self.in_proj_qkv(x).transpose(1, 2)  # [G, C, T]
+        mixed, z, b, a = self._project(x)
+        mixed = mixed.transpose(1, 2)  # [G, C, T]
         window = torch.cat((conv_state[rows].to(mixed.dtype), mixed), dim=-1)  # the last K-1 inputs, then these
         conv_state[rows] = window[..., -(self.kernel - 1):].to(conv_state.dtype)
         weight = self.conv1d.weight
         mixed = F.silu(F.conv1d(window.to(weight.dtype), weight, groups=self.conv_dim)).to(x.dtype)
-        q, k, v, g, beta = self._split(mixed.transpose(1, 2), self.in_proj_a(x), self.in_proj_b(x))
+        q, k, v, g, beta = self._split(mixed.transpose(1, 2), a, b)
         # a few rows at a time: the rule's float32 temporaries grow with rows x tokens
         step = max(1, DELTA_RULE_TOKENS // t)
         outs = []
@@ -201,17 +235,22 @@ class GatedDeltaNet(nn.Module):
             out, final = chunked_delta_rule(q[part], k[part], v[part], g[part], beta[part], rec_state[rows[part]])
             rec_state[rows[part]] = final
             outs.append(out)
-        return self._finish(torch.cat(outs) if len(outs) > 1 else outs[0], self.in_proj_z(x))
+        return self._finish(torch.cat(outs) if len(outs) > 1 else outs[0], z)
 
     def decode(self, x: Tensor, conv_state: Tensor, rec_state: Tensor) -> Tensor:
-        mixed = self.in_proj_qkv(x)[:, :, None]  # [B, C, 1]
+        mixed, z, b, a = self._project(x)
+        mixed = mixed[:, :, None]  # [B, C, 1]
         window = torch.cat((conv_state.to(mixed.dtype), mixed), dim=-1)
         conv_state.copy_(window[..., 1:])
         weight = self.conv1d.weight
         mixed = F.silu(F.conv1d(window.to(weight.dtype), weight, groups=self.conv_dim)).to(x.dtype)[..., 0]
-        q, k, v, g, beta = self._split(mixed, self.in_proj_a(x), self.in_proj_b(x))
-        out = recurrent_delta_step(q, k, v, g, beta, rec_state)
-        return self._finish(out, self.in_proj_z(x))
+        fused = delta_kernel.can_run(rec_state, self.dk, self.dv)
+        q, k, v, g, beta = self._split(mixed, a, b, repeat=not fused)
+        if fused:
+            out = delta_kernel.delta_step(q, k, v, g, beta, rec_state)
+        else:
+            out = recurrent_delta_step(q, k, v, g, beta, rec_state)
+        return self._finish(out, z)
 
 
 class MLP(nn.Module):
@@ -220,9 +259,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.fused = None
+
+    def fuse(self) -> None:
+        self.fused = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:

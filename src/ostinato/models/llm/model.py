@@ -21,7 +21,7 @@ import torch
 
 from ...errors import InvalidOptionError, ModelLoadError
 from ...runtime import (DEFAULT_BUCKETS, RowScheduler, bucket_for, memory_report, resolve_decode_loop,
-                        resolve_device, resolve_dtype, store_at)
+                        resolve_device, resolve_dtype, storage_bytes, store_at)
 from .checkpoint import load_weights
 from .config import LLMConfig, read_config
 from .decoder import GenerationKey, GenerationRun, LLMDecoder, PromptRequest, RowOutput
@@ -83,8 +83,22 @@ class LanguageModel:
         if compile == "auto":  # on the graph rungs, where Triton can build the fused kernels
             compile = loop != "eager" and importlib.util.find_spec("triton") is not None
         self.decoder = LLMDecoder(self.net, self.device, use_graphs=loop != "eager", decode_loop=loop,
-                                  prefill_chunk=prefill_chunk, compile_step=bool(compile))
+                                  prefill_chunk=prefill_chunk, prefill_tokens=self._prefill_budget(),
+                                  compile_step=bool(compile))
         self.decode_loop = loop
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens prefilled per call when many short prompts are admitted at once: as many as
+        keep the prefill's activations within about 5% of the weights (a single long prompt still
+        goes in chunks of ``prefill_chunk``)."""
+        c = self.config
+        width = max(2 * c.intermediate_size, 2 * c.shared_expert_intermediate_size,
+                    2 * c.experts_per_token * c.moe_intermediate_size, 3 * c.num_heads * c.head_dim,
+                    2 * c.linear_num_key_heads * c.linear_key_head_dim + 2 * c.linear_num_value_heads
+                    * c.linear_value_head_dim, 4 * c.hidden_size)
+        per_token = 8 * width * self.net.model.embed_tokens.weight.element_size()
+        weights = storage_bytes(list(self.net.parameters()))
+        return int(min(8192, max(512, 0.05 * weights / per_token)))
 
     @classmethod
     def from_network(cls, net: DecoderNet, tokenizer: Optional[ChatTokenizer] = None, **options) -> "LanguageModel":

@@ -38,9 +38,15 @@ class DecoderNet(nn.Module):
         weight = self.model.embed_tokens.weight
         self.inv_freq = self.inv_freq.to(weight.device)
         grouped = grouped_mm_available(weight.device, weight.dtype)
-        for layer in self.model.layers:
+        for layer in self.model.layers if not getattr(self, "_fused", False) else ():
+            (layer.linear_attn if layer.linear else layer.self_attn).fuse()
             if layer.moe:
                 layer.mlp.grouped = grouped
+                if layer.mlp.shared_expert is not None:
+                    layer.mlp.shared_expert.fuse()
+            else:
+                layer.mlp.fuse()
+        self._fused = True
         return self
 
     # -- state ---------------------------------------------------------------------------------
