@@ -166,21 +166,23 @@ class LLMDecoder:
         st, device = self.state, self.device
         rows = torch.tensor(slots, device=device)
         ids = torch.tensor([r.ids for r in requests], dtype=torch.int64).to(device)
+        # the rows' settings in two copies, made before the prefill's launches (a copy from pageable
+        # host memory waits for the work queued ahead of it)
+        floats = torch.tensor([[r.temperature if sample else 1.0 for r in requests], [r.top_p for r in requests]],
+                              dtype=torch.float32).to(device)
+        ints = torch.tensor([[r.top_k for r in requests], [r.seed for r in requests],
+                             [r.max_new_tokens for r in requests], [len(r.ids) for r in requests]],
+                            dtype=torch.int64).to(device)
         self.net.reset_rows(st, rows)
         hidden = None
         for start in range(0, ids.shape[1], self.prefill_chunk):
             hidden = self.net.prefill(ids[:, start:start + self.prefill_chunk], rows, start, st)[:, -1]
         logits = self.net.logits(hidden)
-
-        def column(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(device)
-
-        st["temperature"].index_copy_(0, rows, column([r.temperature if sample else 1.0 for r in requests],
-                                                      torch.float32))
-        st["top_k"].index_copy_(0, rows, column([r.top_k for r in requests], torch.int64))
-        st["top_p"].index_copy_(0, rows, column([r.top_p for r in requests], torch.float32))
-        st["seeds"].index_copy_(0, rows, column([r.seed for r in requests], torch.int64))
-        limits = column([r.max_new_tokens for r in requests], torch.int64)
+        st["temperature"].index_copy_(0, rows, floats[0])
+        st["top_p"].index_copy_(0, rows, floats[1])
+        st["top_k"].index_copy_(0, rows, ints[0])
+        st["seeds"].index_copy_(0, rows, ints[1])
+        limits = ints[2]
         zeros = torch.zeros(len(slots), dtype=torch.int64, device=device)
         first = choose(logits, sample, st["temperature"][rows], st["top_k"][rows], st["top_p"][rows],
                        st["seeds"][rows], zeros)
@@ -190,7 +192,7 @@ class LLMDecoder:
         st["limit"].index_copy_(0, rows, limits)
         st["active"].index_copy_(0, rows, ~stopped & (limits > 1))
         st["tokens"].index_copy_(0, rows, first)
-        st["positions"].index_copy_(0, rows, column([len(r.ids) for r in requests], torch.int64))
+        st["positions"].index_copy_(0, rows, ints[3])
 
 
 class GenerationRun(SlotTable):

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...ops import delta_rule as delta_kernel
+
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -52,15 +54,23 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     inner = (q @ k.transpose(-1, -2)) * pair
     q_decayed = q * decay.exp()[..., None]
     k_to_end = k * (decay[..., -1:] - decay).exp()[..., None]
-    chunk_decay = decay[..., -1].exp()[..., None, None]
     state = state.to(torch.float32)
-    out = torch.empty_like(values)
-    for i in range(n):
-        new_v = values[:, :, i] - keys_decayed[:, :, i] @ state
-        out[:, :, i] = q_decayed[:, :, i] @ state + inner[:, :, i] @ new_v
-        state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ new_v
+    scan = delta_kernel.chunk_scan if delta_kernel.can_scan(state, chunk) else scan_chunks
+    out, state = scan(values, keys_decayed, q_decayed, inner, k_to_end, decay[..., -1].exp(), state)
     out = out.reshape(batch, heads, n * chunk, dv)[:, :, :length]
     return out.transpose(1, 2).to(out_dtype), state
+
+
+def scan_chunks(values: Tensor, keys_decayed: Tensor, q_decayed: Tensor, inner: Tensor, k_to_end: Tensor,
+                chunk_decay: Tensor, state: Tensor) -> Tuple[Tensor, Tensor]:
+    """Carry the state from chunk to chunk: each chunk's output is what its queries read from the
+    state it starts with plus what the chunk itself wrote. Shapes as ``ops.delta_rule.chunk_scan``."""
+    out = torch.empty_like(values)
+    for i in range(values.shape[2]):
+        new_v = values[:, :, i] - keys_decayed[:, :, i] @ state
+        out[:, :, i] = q_decayed[:, :, i] @ state + inner[:, :, i] @ new_v
+        state = state * chunk_decay[:, :, i, None, None] + k_to_end[:, :, i].transpose(-1, -2) @ new_v
+    return out, state
 
 
 def recurrent_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
