@@ -38,10 +38,11 @@ class FakeModel:
 
     created = []
 
-    def __init__(self, model=None, device="auto", compute_type="auto", decode_loop="auto"):
+    def __init__(self, model=None, device="auto", compute_type="auto", decode_loop="auto", cpu_threads=0):
         if model == "no/such/model":
             raise ModelLoadError("cannot load model from no/such/model: not a directory")
-        self.options = dict(model=model, device=device, compute_type=compute_type, decode_loop=decode_loop)
+        self.options = dict(model=model, device=device, compute_type=compute_type, decode_loop=decode_loop,
+                            cpu_threads=cpu_threads)
         self.device, self.dtype, self.model_path = device, compute_type, model
         self.calls = []
         FakeModel.created.append(self)
@@ -136,7 +137,7 @@ def test_transcribe_writes_all_formats(fake_model, audio, tmp_path, capsys):
 def test_options_reach_the_model(fake_model, audio, tmp_path, capsys):
     rc = cli.main([
         "transcribe", audio("a.wav"), "-o", str(tmp_path), "-f", "txt", "--model", "some/ckpt",
-        "--device", "cuda:1", "--compute-type", "float16", "--language", "de", "--task", "translate",
+        "--device", "cuda:1", "--compute-type", "float16", "--cpu-threads", "3", "--language", "de", "--task", "translate",
         "--beam-size", "3", "--temperature", "0.4", "--initial-prompt", "Glossary: ostinato.",
         "--without-timestamps", "--no-graphs", "--quiet", "--best-of", "2", "--patience", "1.5",
         "--length-penalty", "0.5", "--no-condition-on-previous-text", "--seed", "7",
@@ -145,7 +146,8 @@ def test_options_reach_the_model(fake_model, audio, tmp_path, capsys):
     assert rc == 0
     assert capsys.readouterr().out == ""  # --quiet
     (model,) = fake_model.created
-    assert model.options == dict(model="some/ckpt", device="cuda:1", compute_type="float16", decode_loop="eager")
+    assert model.options == dict(model="some/ckpt", device="cuda:1", compute_type="float16", decode_loop="eager",
+                                 cpu_threads=3)
     assert model.calls[0][1] == asdict(TranscribeOptions(
         language="de", task="translate", beam_size=3, temperature=0.4,
         initial_prompt="Glossary: ostinato.", without_timestamps=True, best_of=2, patience=1.5,
@@ -164,7 +166,7 @@ def test_defaults(fake_model, audio, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["transcribe", audio("a.wav")]) == 0
     (model,) = fake_model.created
-    assert model.options == dict(model=None, device="auto", compute_type="auto", decode_loop="auto")
+    assert model.options == dict(model=None, device="auto", compute_type="auto", decode_loop="auto", cpu_threads=0)
     # faster-whisper's defaults: beam search, then sampling at rising temperatures.
     called = model.calls[0][1]
     assert called == asdict(TranscribeOptions())
@@ -251,6 +253,8 @@ def test_directory_as_input(no_model, tmp_path, capsys):
     (["--task", "bogus"], "bogus"),
     (["--device", "gpu"], "--device"),
     (["--compute-type", "int8"], "int8"),
+    (["--cpu-threads", "-1"], "--cpu-threads"),
+    (["--cpu-threads", "two"], "--cpu-threads"),
     (["--language", ""], "--language"),
     (["--verbose", "--quiet"], "--quiet"),
     (["--no-such-flag"], "--no-such-flag"),
@@ -479,14 +483,21 @@ def test_translate_on_an_english_only_model_warns(tiny_en_path, data_dir, tmp_pa
 def test_half_precision_on_the_cpu_falls_back_and_verbose_says_what_was_chosen(
         tiny_en_path, data_dir, tmp_path, capsys, one_torch_thread):
     clip = data_dir / "clips" / "c01_hello_short.flac"
+    import torch
+
     rc = cli.main(["transcribe", str(clip), "--model", str(tiny_en_path), "--device", "cpu", "--compute-type",
-                   "float16", "--beam-size", "1", "-o", str(tmp_path), "-f", "txt", "-v"])
+                   "float16", "--beam-size", "1", "--cpu-threads", "1", "-o", str(tmp_path), "-f", "txt", "-v"])
     err = capsys.readouterr().err
     assert rc == 0
+    assert torch.get_num_threads() == 1  # --cpu-threads
     lines = err.splitlines()
     assert "ostinato: warning: compute type float16 is not efficient on the CPU: computing in float32 instead" in lines
+    # -v: the model, device, dtype, decode rung and threads on one line, and no other line about them
     chosen = [line for line in lines if line.startswith("ostinato: Whisper model ")]
-    assert len(chosen) == 1 and "on cpu, float32; decode loop: eager" in chosen[0], err
+    assert len(chosen) == 1 and chosen[0].startswith(f"ostinato: Whisper model {tiny_en_path} on cpu, float32; "
+                                                     "decode loop: eager"), err
+    assert chosen[0].endswith("; CPU threads: 1")
+    assert not [line for line in lines if "decode loop" in line and line not in chosen], err
     assert "Traceback" not in err
 
 

@@ -2,6 +2,7 @@
 family's class names the right one for a checkpoint of another."""
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -102,7 +103,58 @@ def test_keyword_arguments_pass_through_and_the_choice_is_logged(caplog):
     assert (model.device.type, model.dtype, model.decode_loop) == ("cpu", torch.float32, "eager")
     assert transducer.device.type == "cpu"
     chosen = [r.getMessage() for r in caplog.records if r.name == "ostinato.loading"]
+    threads = torch.get_num_threads()
     assert chosen == [
-        f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}",
-        f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}",
+        f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}; "
+        f"CPU threads: {threads}",
+        f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}; "
+        f"CPU threads: {threads}",
     ]
+
+
+@pytest.fixture
+def torch_threads(monkeypatch):
+    """PyTorch's thread count, put back afterwards; no OMP_NUM_THREADS to defer to."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    previous = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(previous)
+
+
+def test_cpu_threads_set_pytorchs_thread_count(torch_threads, caplog):
+    from ostinato.runtime.device import usable_cpus
+
+    torch = torch_threads
+    assert ostinato.load_model(OPENAI_PT, device="cpu", cpu_threads=1).cpu_threads == 1
+    assert torch.get_num_threads() == 1
+    assert ostinato.load_model(str(NEMO), device="cpu", cpu_threads=2).cpu_threads == 2
+    assert torch.get_num_threads() == 2
+    with caplog.at_level(logging.WARNING, logger="ostinato"):
+        ostinato.WhisperModel(str(OPENAI_PT), device="cpu", cpu_threads=usable_cpus() + 1)
+    assert torch.get_num_threads() == usable_cpus() + 1  # asked for: done, with a warning
+    assert any("more than the" in r.getMessage() for r in caplog.records)
+
+
+def test_default_cpu_threads_never_oversubscribe(torch_threads):
+    from ostinato.runtime import default_cpu_threads
+    from ostinato.runtime.device import physical_cores, usable_cpus
+
+    torch = torch_threads
+    cores = default_cpu_threads()
+    assert 1 <= cores == min(physical_cores(), usable_cpus()) <= (os.cpu_count() or 1)
+    assert physical_cores({0}) == 1
+    torch.set_num_threads(cores + 3)  # more threads than cores: lowered to the cores
+    assert ostinato.WhisperModel(str(OPENAI_PT), device="cpu").cpu_threads == cores == torch.get_num_threads()
+    torch.set_num_threads(1)  # fewer (an OMP_NUM_THREADS, a caller's choice): kept
+    assert ostinato.WhisperModel(str(OPENAI_PT), device="cpu").cpu_threads == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_bad_cpu_threads_are_refused_before_loading(bad, torch_threads):
+    from ostinato.errors import InvalidOptionError
+
+    for load in (ostinato.WhisperModel, ostinato.load_model):
+        with pytest.raises(InvalidOptionError, match="cpu_threads must be an integer >= 0"):
+            load("no/such/checkpoint", device="cpu", cpu_threads=bad)

@@ -103,6 +103,25 @@ def test_a_transducer_through_the_same_class(data_dir, folder):
         Transcriber(str(path), device="cpu", beam_size=5)
 
 
+def test_batched_reaches_the_stage(folder, whisper, tiny_en_path):
+    """batched=True: every audio of the batch is cut into VAD chunks decoded together, each with
+    transcribe(batched=True)'s tokens and times."""
+    from ostinato.audio.vad import onnx_available
+
+    if not onnx_available():
+        pytest.skip("the VAD extra is not installed")
+    stage = Transcriber(str(tiny_en_path), device="cpu", compute_type="float32", batch_size=4, batched=True,
+                        **GREEDY)
+    paths = [str(folder / clip) for clip in CLIPS]
+    out = stage({"path": np.array(paths, dtype=object)})
+    for i, path in enumerate(paths):
+        segments, _ = whisper.transcribe(path, batched=True, **GREEDY)
+        segments = list(segments)
+        assert out["error"][i] is None
+        assert [list(s["tokens"]) for s in out["segments"][i]] == [list(s.tokens) for s in segments]
+        assert [(s["start"], s["end"]) for s in out["segments"][i]] == [(s.start, s.end) for s in segments]
+
+
 def test_bad_batches_and_options(transcriber, tiny_en_path):
     with pytest.raises(InvalidOptionError, match="one of the columns"):
         transcriber({"text": np.array(["hello"], dtype=object)})

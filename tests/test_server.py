@@ -120,6 +120,26 @@ def test_word_timestamps(server, model, clip):
     assert [(w.word, w.start, w.end) for w in got.words] == [(w.word, w.start, w.end) for s in segments for w in s.words]
 
 
+@pytest.mark.skipif(not __import__("ostinato.audio.vad", fromlist=["x"]).onnx_available(),
+                    reason="the VAD extra is not installed")
+def test_vad_filter_and_batched_as_extra_fields(server, model, clip):
+    """The VAD options reach the server as extra form fields, and come back as transcribe's result."""
+    client = server.client()
+    params = {"min_silence_duration_ms": 500, "speech_pad_ms": 200}
+    for options in ({"vad_filter": True, "vad_parameters": params}, {"batched": True}):
+        segments, info = _alone(model, clip(LONG), **options)
+        body = dict(options, vad_parameters=json.dumps(options["vad_parameters"])) if "vad_parameters" in options \
+            else options
+        got = _create(client, clip(LONG), response_format="verbose_json", extra_body=body)
+        assert [s.tokens for s in got.segments] == [s.tokens for s in segments], options
+        assert [(s.start, s.end) for s in got.segments] == [(s.start, s.end) for s in segments]
+    with open(clip(SHORT), "rb") as f:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.audio.transcriptions.create(model="whisper-1", file=f,
+                                               extra_body={"vad_filter": True, "vad_parameters": '{"pad": 1}'})
+    assert "unknown vad_parameters: pad" in caught.value.message
+
+
 def test_streaming_sends_the_text_as_windows_finish(server, model, clip):
     segments, _ = _alone(model, clip("c17_cut_two_windows.flac"))  # two windows: two deltas
     with open(clip("c17_cut_two_windows.flac"), "rb") as f:

@@ -168,9 +168,11 @@ def test_beam_windows_of_a_batch_are_independent(model, data_dir):
         alone = [decoder.decode(x, [r], suppress, begin, options)[0] for x, r in zip((a, b), requests)]
     assert (decoder.state.addresses(), decoder.beam.state.addresses()) == addresses
     for got, want in zip(together, alone):
+        # Rows are computed on their own, but the CPU's matrix products pick kernels by row count
+        # (5 rows alone, 10 together): float32 may differ in the last bits, never in tokens.
         assert got.tokens == want.tokens
         assert got.score == pytest.approx(want.score, abs=1e-5)
-        assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=1e-6)
+        assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=1e-5)
     # The step budget (14 and 10 steps) ends the search: every hypothesis is cut there.
     assert [len(r.tokens) for r in together] == [14, 10]
 

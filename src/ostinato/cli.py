@@ -74,6 +74,8 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compute-type", default="auto", choices=COMPUTE_TYPES,
                    help="float16 or bfloat16 on the CPU warn and compute in float32 (default: auto, float16 "
                         "on CUDA and float32 on the CPU)")
+    t.add_argument("--cpu-threads", type=int, default=0, metavar="N",
+                   help="PyTorch threads for CPU work (default: 0, one per physical core this process may use)")
     # Whisper's options default to None here: None is "not given", so TranscribeOptions supplies
     # the default (the API's, shown below from the same dataclass) and a transducer model can tell
     # which Whisper options the user set.
@@ -107,6 +109,12 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="text the first window's transcript must start with")
     t.add_argument("--initial-prompt", default=None, metavar="TEXT", help="text to condition the first window on")
     t.add_argument("--without-timestamps", action="store_true", default=None, help="decode without timestamp tokens")
+    t.add_argument("--vad-filter", action="store_true", default=None,
+                   help="transcribe only the speech Silero VAD finds, as faster-whisper's vad_filter "
+                        "(needs 'ostinato[vad]')")
+    t.add_argument("--batched", action="store_true", default=None,
+                   help="faster-whisper's batched pipeline: each file is cut at the VAD's silences and its "
+                        "chunks decode together (8 at a time, or --batch-size), one segment per chunk")
     t.add_argument("--decode-loop", default="auto", choices=DECODE_LOOPS,
                    help="how decode steps run on CUDA: the device while-loop, graphs of K steps replayed by "
                         "the host, or eagerly (default: auto, the best this machine offers)")
@@ -170,7 +178,7 @@ def _build_parser() -> argparse.ArgumentParser:
 _TRANSCRIBE_FLAGS = (
     "language", "task", "beam_size", "best_of", "patience", "length_penalty", "temperature",
     "condition_on_previous_text", "seed", "clip_timestamps", "hotwords", "prefix", "initial_prompt",
-    "without_timestamps", "word_timestamps", "hallucination_silence_threshold",
+    "without_timestamps", "word_timestamps", "hallucination_silence_threshold", "vad_filter", "batched",
 )
 _SUBTITLE_FLAGS = ("highlight_words", "max_line_width", "max_line_count", "max_words_per_line")
 _WHISPER_ONLY = _TRANSCRIBE_FLAGS + _SUBTITLE_FLAGS
@@ -203,6 +211,8 @@ def _validate(args: argparse.Namespace) -> None:
         check_positive_int("batch_size", args.batch_size)
     except InvalidOptionError as exc:
         raise _UsageError(_flagged(str(exc))) from None
+    if args.cpu_threads < 0:
+        raise _UsageError(f"--cpu-threads must be 0 (one per physical core) or more, got {args.cpu_threads}")
     try:
         parse_device(args.device)
     except InvalidOptionError as exc:
@@ -410,7 +420,7 @@ def _load_model(args: argparse.Namespace):
 
     # load_model logs the model, family, device, dtype and decode loop it chose at INFO (shown by -v).
     return load_model(args.model, device=args.device, compute_type=args.compute_type,
-                      decode_loop="eager" if args.no_graphs else args.decode_loop)
+                      decode_loop="eager" if args.no_graphs else args.decode_loop, cpu_threads=args.cpu_threads)
 
 
 class _LogLine(logging.Handler):

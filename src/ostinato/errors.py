@@ -21,5 +21,9 @@ class InvalidOptionError(OstinatoError, ValueError):
     """An option value is out of range or unknown."""
 
 
+class MissingExtraError(InvalidOptionError):
+    """An option needs an optional extra that is not installed (e.g. ``vad_filter``: ``ostinato[vad]``)."""
+
+
 class GraphInputError(OstinatoError, ValueError):
     """Inputs bound to a captured step graph do not match the shapes, dtypes or device it was captured with."""

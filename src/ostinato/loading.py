@@ -114,8 +114,8 @@ def wrong_family(path: Union[str, os.PathLike], family: str) -> UnsupportedCheck
 def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
     """The model for ``path_or_id`` (None: the embedded Whisper tiny.en), of whichever family the
     checkpoint's contents say; keyword arguments go to that family's class (``device``,
-    ``compute_type``, ``decode_loop``, ``use_graphs``...). What it chose (family, checkpoint, device,
-    dtype, decode loop) is logged at INFO."""
+    ``compute_type``, ``decode_loop``, ``use_graphs``, ``cpu_threads``...). What it chose (family,
+    checkpoint, device, dtype, decode loop, CPU threads on the CPU) is logged at INFO, in one line."""
     family = checkpoint_family(path_or_id)
     if family is None:
         raise UnsupportedCheckpointError(
@@ -126,18 +126,31 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
     if family == LANGUAGE_MODEL:
         from .models.llm.model import LanguageModel
 
+        from .runtime import set_cpu_threads
+
         kwargs = dict(kwargs)
         if "compute_type" in kwargs:  # the speech classes' name for it
             kwargs["dtype"] = kwargs.pop("compute_type")
+        threads = kwargs.pop("cpu_threads", 0)
+        if threads != 0:  # the speech classes take cpu_threads; LanguageModel does not, so it is set here
+            set_cpu_threads(threads)
         model = LanguageModel(os.fspath(path_or_id), **kwargs)
-        log.info("%s model %s (%s) on %s, %s; decode loop: %s", _NAMES[family], model.path,
-                 model.config.architecture, model.device, str(model.dtype).replace("torch.", ""), model.decode_loop)
+        log.info("%s model %s (%s) on %s, %s; decode loop: %s%s", _NAMES[family], model.path,
+                 model.config.architecture, model.device, str(model.dtype).replace("torch.", ""), model.decode_loop,
+                 _threads(model.device))
         return model
     if family == TRANSDUCER:
         from .models.transducer.model import TransducerModel as model_class
     else:
         from .models.whisper.model import WhisperModel as model_class
     model = model_class(path_or_id, **kwargs)
-    log.info("%s model %s on %s, %s; decode loop: %s", _NAMES[family], model.model_path, model.device,
-             str(model.dtype).replace("torch.", ""), model.decoder.loop_rung)
+    log.info("%s model %s on %s, %s; decode loop: %s%s", _NAMES[family], model.model_path, model.device,
+             str(model.dtype).replace("torch.", ""), model.decoder.loop_rung, _threads(model.device))
     return model
+
+
+def _threads(device) -> str:
+    """The log line's CPU thread count, on the CPU only."""
+    import torch
+
+    return f"; CPU threads: {torch.get_num_threads()}" if torch.device(device).type == "cpu" else ""

@@ -34,7 +34,9 @@ class Transcriber:
     A batch's audio comes from its ``bytes`` column (``ray.data.read_binary_files``), else its
     ``audio`` column (16-kHz float32 arrays), else its ``path`` column. The other input columns are
     kept; ``bytes`` and ``audio`` are dropped unless ``keep_audio``. Options: ``transcribe``'s
-    (Whisper) or ``max_symbols`` (transducers), checked once, when the actor starts.
+    (Whisper) or ``max_symbols`` (transducers), checked once, when the actor starts; with
+    ``batched=True`` each audio is cut into VAD chunks and the chunks of the batch's audios share
+    the rows (``transcribe_batch(batched=True)``).
     """
 
     def __init__(self, model: Optional[str] = None, device: str = "auto", compute_type: str = "auto",

@@ -40,6 +40,8 @@ class TranscriptionInfo:
     duration: float
     all_language_probs: Optional[List[tuple]] = None
     transcription_options: dict = field(default_factory=dict)
+    duration_after_vad: Optional[float] = None  # seconds of audio left after the VAD (Whisper: duration without one)
+    vad_options: Optional[dict] = None  # the VAD's options, when it ran
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -27,6 +27,13 @@ def triton_interpreter() -> bool:
     return _on("TRITON_INTERPRET")
 
 
+def vad_backend() -> Optional[str]:
+    """OSTINATO_VAD_BACKEND=onnx|torch: how the Silero VAD runs (default: unset, onnxruntime on the CPU
+    and PyTorch on CUDA; see ostinato.audio.vad)."""
+    value = os.environ.get("OSTINATO_VAD_BACKEND", "").strip().lower()
+    return value or None
+
+
 def api_key() -> Optional[str]:
     """OSTINATO_API_KEY: the bearer key ``ostinato serve`` asks for when --api-key is not given (default: none)."""
     return os.environ.get("OSTINATO_API_KEY")

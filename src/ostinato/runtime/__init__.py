@@ -1,7 +1,9 @@
 """The engine: device choice, one copy of weights, persistent device state, step graphs, the rung
 ladder and the device loop, batch-size buckets, and the row scheduler. Nothing here knows a model."""
 from .buckets import DEFAULT_BUCKETS, bucket_for, buckets_up_to
-from .device import parse_device, resolve_device, resolve_dtype, strict_float32
+from .device import (
+    default_cpu_threads, parse_device, resolve_device, resolve_dtype, set_cpu_threads, strict_float32,
+)
 from .graphs import DECODE_LOOPS, StepGraph, graphs_supported, loop_rung, resolve_decode_loop
 from .scheduler import RowScheduler, SlotTable, Ticket, store_at
 from .state import DeviceState, concat_rows
@@ -19,6 +21,7 @@ __all__ = [
     "bucket_for",
     "buckets_up_to",
     "concat_rows",
+    "default_cpu_threads",
     "duplicated_parameters",
     "graphs_supported",
     "loop_rung",
@@ -28,6 +31,7 @@ __all__ = [
     "resolve_decode_loop",
     "resolve_device",
     "resolve_dtype",
+    "set_cpu_threads",
     "storage_bytes",
     "store_at",
     "strict_float32",

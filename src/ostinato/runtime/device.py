@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import os
+from typing import Optional
 
 import torch
 
@@ -65,8 +69,6 @@ def resolve_dtype(compute_type: str | torch.dtype, device: torch.device) -> torc
             )
         dtype = _DTYPES[name]
         if device.type == "cpu" and dtype != torch.float32:
-            import logging
-
             logging.getLogger(__name__).warning(
                 "compute type %s is not efficient on the CPU: computing in float32 instead", name
             )
@@ -91,3 +93,78 @@ def strict_float32(device: torch.device, dtype: torch.dtype):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity set, capped by a cgroup CPU quota (containers)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cpus, math.ceil(quota)) if quota else cpus)
+
+
+def _cgroup_cpu_quota() -> Optional[float]:
+    """CPUs' worth of time a cgroup grants per period (cgroup v2, then v1), or None: no quota."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", encoding="ascii") as f:
+            quota = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us", encoding="ascii") as f:
+            period = int(f.read())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def physical_cores(cpus: Optional[set] = None) -> int:
+    """Physical cores among ``cpus`` (default: this process's affinity set); hyperthreads share a
+    core's arithmetic units, so matrix work gains nothing from them."""
+    try:
+        cpus = set(os.sched_getaffinity(0)) if cpus is None else cpus
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(topology + "physical_package_id") as a, open(topology + "core_id") as b:
+                cores.add((a.read().strip(), b.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))  # no topology: count the CPU as a core
+    return max(1, len(cores))
+
+
+def default_cpu_threads() -> int:
+    """The intra-op threads ``cpu_threads=0`` asks for: one per physical core this process may use."""
+    return max(1, min(physical_cores(), usable_cpus()))
+
+
+def set_cpu_threads(cpu_threads: int = 0, device: Optional[torch.device] = None) -> int:
+    """Set PyTorch's intra-op thread count for CPU work; returns the count in use.
+
+    ``cpu_threads > 0`` is taken as given (a warning when it exceeds the CPUs this process may use).
+    0 (the default) on the CPU lowers PyTorch's count to ``default_cpu_threads()`` where it is
+    higher, and leaves it alone otherwise: an ``OMP_NUM_THREADS`` or an earlier
+    ``torch.set_num_threads`` that asked for fewer stays. The count is process-wide (PyTorch has
+    one intra-op pool), so the last model created with a non-zero value sets it for all."""
+    if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 0:
+        raise InvalidOptionError(f"cpu_threads must be an integer >= 0 (0: one per physical core), got {cpu_threads!r}")
+    if cpu_threads > 0:
+        usable = usable_cpus()
+        if cpu_threads > usable:
+            logging.getLogger(__name__).warning(
+                "cpu_threads=%d is more than the %d CPU(s) this process may use: threads will wait for each other",
+                cpu_threads, usable)
+        torch.set_num_threads(cpu_threads)
+    elif (device is None or torch.device(device).type == "cpu") and "OMP_NUM_THREADS" not in os.environ:
+        wanted = default_cpu_threads()
+        if torch.get_num_threads() > wanted:
+            torch.set_num_threads(wanted)
+    return torch.get_num_threads()

@@ -41,7 +41,7 @@ EXTRA_FIELDS = {
     "suppress_blank": bool, "suppress_tokens": list, "max_initial_timestamp": float, "max_new_tokens": int,
     "word_timestamps": bool, "prepend_punctuations": str, "append_punctuations": str, "without_timestamps": bool,
     "hallucination_silence_threshold": float, "prefix": str, "hotwords": str, "clip_timestamps": str, "seed": int,
-    "max_symbols": int,
+    "max_symbols": int, "vad_filter": bool, "vad_parameters": dict, "batched": bool,
 }
 # Options whose "off" is None: the form says so with "none" (or "null").
 NULLABLE = {"compression_ratio_threshold", "log_prob_threshold", "no_speech_threshold", "max_new_tokens",
@@ -443,6 +443,14 @@ def _typed(name: str, value, kind):
         if text.lower() in ("false", "0", "no"):
             return False
         raise ApiError(400, f"{name} must be true or false, got {text!r}", param=name)
+    if kind is dict:  # a JSON object, e.g. vad_parameters={"min_silence_duration_ms": 500}
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise ApiError(400, f"{name} must be a JSON object, got {text!r}", param=name)
+        return value
     if kind is list:  # token ids: "-1" or "1,2,3"
         try:
             return [int(part) for part in text.split(",")]

@@ -15,7 +15,9 @@ from ...audio import FRAMES_PER_SECOND, load_audio
 from ...checks import check_positive_int
 from ...errors import InvalidOptionError, UnsupportedCheckpointError
 from ...results import Segment, TranscriptionInfo
-from ...runtime import RowScheduler, memory_report, place_module, resolve_device, resolve_dtype, store_at, strict_float32
+from ...runtime import (
+    RowScheduler, memory_report, place_module, resolve_device, resolve_dtype, set_cpu_threads, store_at, strict_float32,
+)
 from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
 from .encoder import FastConformerEncoder, encoder_state_from_nemo
 from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder, Utterance, check_max_symbols
@@ -74,7 +76,8 @@ class TransducerModel:
 
     path: a ``.nemo`` file. device: "auto", "cpu", "cuda", "cuda:N". compute_type: "auto"
     (float16 on CUDA, float32 on the CPU), "float32", "float16", "bfloat16". use_graphs: replay the
-    decode loop as CUDA graphs (one per batch bucket) on CUDA devices.
+    decode loop as CUDA graphs (one per batch bucket) on CUDA devices. cpu_threads: PyTorch's
+    intra-op threads for CPU work (process-wide); 0 uses one per physical core on the CPU.
 
     Long audio: up to ``max_full_context_seconds`` the encoder attends over the whole input; longer
     inputs are encoded in ``chunk_seconds`` windows with ``chunk_context_seconds`` of extra context
@@ -96,6 +99,7 @@ class TransducerModel:
         chunk_context_seconds: float = 10.0,
         chunk_batch: int = 8,
         decode_loop: str = "auto",
+        cpu_threads: int = 0,
     ):
         checkpoint = load_nemo(path)
         sd = checkpoint.state_dict
@@ -107,7 +111,8 @@ class TransducerModel:
         self._setup(checkpoint.path, checkpoint.config, checkpoint.tokenizer, network, preprocessor, device,
                     compute_type, use_graphs, buckets=buckets, steps_per_replay=steps_per_replay,
                     max_full_context_seconds=max_full_context_seconds, chunk_seconds=chunk_seconds,
-                    chunk_context_seconds=chunk_context_seconds, chunk_batch=chunk_batch, decode_loop=decode_loop)
+                    chunk_context_seconds=chunk_context_seconds, chunk_batch=chunk_batch, decode_loop=decode_loop,
+                    cpu_threads=cpu_threads)
 
     @classmethod
     def from_network(cls, network: TransducerNetwork, config: TransducerConfig, tokenizer, device: str = "auto",
@@ -127,8 +132,9 @@ class TransducerModel:
     def _setup(self, path, cfg: TransducerConfig, tokenizer, network: TransducerNetwork, preprocessor: MelPreprocessor,
                device, compute_type, use_graphs, *, buckets: Sequence[int], steps_per_replay: int,
                max_full_context_seconds: float, chunk_seconds: float, chunk_context_seconds: float, chunk_batch: int,
-               decode_loop: str) -> None:
+               decode_loop: str, cpu_threads: int) -> None:
         self.device = resolve_device(device)
+        self.cpu_threads = set_cpu_threads(cpu_threads, self.device)
         self.dtype = resolve_dtype(compute_type, self.device)
         self.model_path = path
         self.config = cfg

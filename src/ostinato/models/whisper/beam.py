@@ -127,7 +127,7 @@ class BeamSearch:
         cand_ids = torch.arange(C, device=device)
         window_rows = torch.arange(W, device=device)[:, None] * K  # [W, 1]
 
-        logits = dec.run_decoder(R)
+        logits = dec.run_decoder(R, filled=filled, group=K)  # a window's beams share its audio
         dec.record_no_speech(logits, R)
         logprobs = dec.logprobs(logits, R, penalize, ngram)
 

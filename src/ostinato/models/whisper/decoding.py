@@ -272,8 +272,9 @@ class WindowDecoder:
         # noise -log(-log(u)) is always finite (24 bits would round the top value up to 1.0).
         return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
-    def run_decoder(self, rows: int) -> Tensor:
-        """One decoder step on each row's current token: float32 logits [rows, n_vocab]."""
+    def run_decoder(self, rows: int, filled: Optional[int] = None, group: int = 1) -> Tensor:
+        """One decoder step on each row's current token: float32 logits [rows, n_vocab]. ``filled``:
+        a bound on every row's position; ``group``: rows in groups of this size hold one window."""
         st = self.state
         return self.model.decoder(
             st["token"][:rows, None],
@@ -282,6 +283,8 @@ class WindowDecoder:
             self._layer_views("self_v", rows),
             self._layer_views("cross_k", rows),
             self._layer_views("cross_v", rows),
+            filled=filled,
+            cross_group=group,
         )[:, 0]
 
     def record_no_speech(self, logits: Tensor, rows: int) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ...audio import load_audio
+from ...audio.vad import resolve_backend
 from ...errors import InvalidOptionError, OstinatoError
 from ...runtime import RowScheduler, Ticket, strict_float32
 from .search import SearchOptions, WindowJob, window_seed
@@ -92,9 +93,8 @@ class _Proxy:
         return self._worker.ask("detect_language", audio_features)
 
     def decode(self, audio_features, requests, suppress, suppress_at_begin, options: Optional[SearchOptions] = None):
-        # The seed the decoder gives a call when this audio is transcribed alone.
-        if len(requests) != 1:
-            raise ValueError("the engine takes one window per decode call")
+        # The seed the decoder gives a call when this audio is transcribed alone. A call of several
+        # windows (the batched pipeline's chunks) waits for all of them; each takes rows of its own.
         seed = window_seed(self._seed, self._calls)
         self._calls += 1
         requests = [replace(r, rng_seed=seed ^ i) for i, r in enumerate(requests)]
@@ -104,6 +104,14 @@ class _Proxy:
 
     def align(self, audio_features, sot_sequence, text_tokens, num_frames):
         return self._worker.ask("align", audio_features, sot_sequence, text_tokens, num_frames)
+
+    def speech_probabilities(self, samples):
+        # onnxruntime's VAD is host work and runs here, beside other audios' workers; a VAD on
+        # the GPU is the engine thread's.
+        model = self._worker.engine.model
+        if resolve_backend("auto", model.device) == "onnx":
+            return model.speech_probabilities(samples)
+        return self._worker.ask("vad", samples)
 
 
 class Job:
@@ -144,8 +152,8 @@ class _Worker(threading.Thread):
     def __init__(self, engine: "TranscriptionEngine", job: Job):
         super().__init__(name=f"ostinato-audio-{job.index}", daemon=True)
         self.engine, self.job = engine, job
-        self.ticket: Optional[Ticket] = None  # its decode request in the scheduler, if any
-        self.decode_request: Optional[_Request] = None  # the request that ticket answers
+        self.tickets: List[Ticket] = []  # its decode request's windows in the scheduler, if any
+        self.decode_request: Optional[_Request] = None  # the request those tickets answer
 
     def ask(self, kind: str, *args):
         if self.job.cancelled:
@@ -164,7 +172,8 @@ class _Worker(threading.Thread):
             with torch.inference_mode():
                 samples = load_audio(job.audio)
                 segments, info = transcribe_samples(
-                    _Proxy(self), self.engine.model.tokenizer, self.engine.model.dims, samples, job.options
+                    _Proxy(self), self.engine.model.tokenizer, self.engine.model.dims, samples, job.options,
+                    batch_size=self.engine.windows,
                 )
                 collected = []
                 for segment in segments:
@@ -328,10 +337,11 @@ class TranscriptionEngine:
             jobs, self._cancels = self._cancels, []
         for job in jobs:
             worker = self._workers.get(job)
-            if worker is not None and worker.ticket is not None:
+            if worker is not None and worker.decode_request is not None:
                 request = worker.decode_request
-                self._scheduler.cancel(worker.ticket)
-                worker.ticket = worker.decode_request = None
+                for ticket in worker.tickets:
+                    self._scheduler.cancel(ticket)
+                worker.tickets, worker.decode_request = [], None
                 self._answer(request, error=Cancelled("transcription cancelled"))
 
     def _answer(self, request: _Request, result=None, error: Optional[BaseException] = None) -> None:
@@ -348,7 +358,8 @@ class TranscriptionEngine:
             elif r.kind == "encode":
                 # One window per encoder call, as when the audio is transcribed alone: a batched
                 # matrix product may round differently from a single one on the GPU, and the
-                # result must not depend on which audios share the batch.
+                # result must not depend on which audios share the batch. (The batched pipeline
+                # sends its own audio's chunks together, as transcribe(batched=True) encodes them.)
                 self._answer(r, model.encode(r.args[0]))
             elif r.kind == "features":
                 # Computed where transcribe computes them, then kept on the host for the worker.
@@ -357,20 +368,38 @@ class TranscriptionEngine:
                 self._answer(r, model.detect_language(*r.args))
             elif r.kind == "align":
                 self._answer(r, model.align(*r.args))
+            elif r.kind == "vad":
+                self._answer(r, model.speech_probabilities(*r.args))
             elif r.kind == "decode":
                 features, requests_, suppress, suppress_at_begin, options = r.args
                 key = (options, suppress, suppress_at_begin)  # windows with equal keys share a run
                 r.worker.decode_request = r
-                r.worker.ticket = self._scheduler.submit(key, WindowJob(features, requests_[0]), self._decoded(r))
+                done = self._decoded(r, len(requests_))
+                r.worker.tickets = [
+                    self._scheduler.submit(key, WindowJob(features[i : i + 1], request), done(i))
+                    for i, request in enumerate(requests_)
+                ]
 
-    def _decoded(self, request: _Request):
-        def done(result, error: Optional[BaseException]) -> None:
-            request.worker.ticket = request.worker.decode_request = None
-            if error is not None:
-                self._answer(request, error=error)
-            else:
-                self._answer(request, [result])
-        return done
+    def _decoded(self, request: _Request, count: int):
+        """Callbacks for the ``count`` windows of one decode request: it is answered once all are back."""
+        results: List[Any] = [None] * count
+        errors: List[BaseException] = []
+        waiting = [count]
+
+        def window(i: int):
+            def done(result, error: Optional[BaseException]) -> None:
+                if error is not None:
+                    errors.append(error)
+                results[i] = result
+                waiting[0] -= 1
+                if waiting[0] == 0 and request.worker.decode_request is request:
+                    request.worker.tickets, request.worker.decode_request = [], None
+                    if errors:
+                        self._answer(request, error=errors[0])
+                    else:
+                        self._answer(request, results)
+            return done
+        return window
 
     def _open_run(self, key: Tuple):
         options, suppress, suppress_at_begin = key

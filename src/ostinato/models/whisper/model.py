@@ -13,7 +13,8 @@ from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
-    buckets_up_to, memory_report, place_module, resolve_decode_loop, resolve_device, resolve_dtype, strict_float32,
+    buckets_up_to, memory_report, place_module, resolve_decode_loop, resolve_device, resolve_dtype, set_cpu_threads,
+    strict_float32,
 )
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
 from .engine import Cancelled, TranscriptionEngine
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 AudioInput = Union[str, Path, bytes, np.ndarray, torch.Tensor]
 # decoder rows allocated up front: one window under the default options (5 beams, or best_of=5 samples)
 DEFAULT_DECODE_ROWS = max(TranscribeOptions.beam_size, TranscribeOptions.best_of)
+DEFAULT_BATCH_SIZE = 8  # chunks decoded together by transcribe(batched=True): faster-whisper's default
 
 
 def default_model_path() -> Path:
@@ -50,7 +52,8 @@ class WhisperModel:
     or a hub id. device: "auto", "cpu", "cuda", "cuda:N". compute_type: "auto", "float32",
     "float16", "bfloat16". decode_loop: "auto" (the best rung here), "device" (the CUDA device
     while-loop), "kstep" (graphs of K unrolled steps), "eager" (no graphs); ``use_graphs=False``
-    is "eager".
+    is "eager". cpu_threads: PyTorch's intra-op threads for CPU work (process-wide); 0, the
+    default, uses one per physical core on the CPU (see ``runtime.set_cpu_threads``).
     """
 
     def __init__(
@@ -60,8 +63,10 @@ class WhisperModel:
         compute_type: str = "auto",
         use_graphs: bool = True,
         decode_loop: str = "auto",
+        cpu_threads: int = 0,
     ):
         self.device = resolve_device(device)
+        self.cpu_threads = set_cpu_threads(cpu_threads, self.device)
         self.dtype = resolve_dtype(compute_type, self.device)
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         path = str(default_model_path()) if model is None else str(model)
@@ -82,7 +87,7 @@ class WhisperModel:
         )
         # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
         self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS)
-        log.info("decode loop on %s: %s", self.device, self.decoder.loop_rung)
+        log.debug("decode loop on %s: %s", self.device, self.decoder.loop_rung)  # load_model logs it at INFO
         self._batch_decoders = {}
 
     # -- properties ----------------------------------------------------------------------------
@@ -169,7 +174,8 @@ class WhisperModel:
 
     # -- transcription -------------------------------------------------------------------------
     def transcribe(
-        self, audio: AudioInput, on_progress: Optional[Callable[[float], None]] = None, **options
+        self, audio: AudioInput, on_progress: Optional[Callable[[float], None]] = None,
+        batch_size: Optional[int] = None, **options
     ) -> Tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe audio (a path, bytes, or 16-kHz samples): returns (segments generator, info).
 
@@ -179,9 +185,26 @@ class WhisperModel:
         draws a fresh seed each call). ``on_progress(seconds)`` is called as windows finish with the
         audio time decoded so far. Bad options raise ``InvalidOptionError`` and bad audio
         ``AudioError`` here, before any model work; segments are produced as the generator is consumed.
+
+        ``vad_filter=True`` (with ``vad_parameters``, faster-whisper's ``VadOptions`` or a dict of
+        them) transcribes only the speech Silero VAD finds, with the recording's times; it needs
+        ``pip install 'ostinato[vad]'``. ``batched=True`` is faster-whisper's
+        ``BatchedInferencePipeline.transcribe``: the audio is cut at the VAD's silences into chunks
+        of at most 30 s, decoded ``batch_size`` (default 8) at a time, one segment per chunk (its
+        defaults: ``vad_filter`` and ``without_timestamps`` on; no fallback, no prompt from earlier
+        chunks; see ``batched.py``). The VAD runs here, before the generator is returned.
         """
-        return transcribe_samples(self, self.tokenizer, self.dims, load_audio(audio), self.options(**options),
-                                  on_progress)
+        transcribe_options = self.options(**options)
+        if batch_size is not None:
+            check_positive_int("batch_size", batch_size)
+            if not transcribe_options.batched:
+                raise InvalidOptionError("batch_size is for batched=True (transcribe_batch batches many audios)")
+        runner = self
+        if transcribe_options.batched:
+            batch_size = batch_size or DEFAULT_BATCH_SIZE
+            runner = _BatchedRunner(self, batch_size, transcribe_options.beam_size)
+        return transcribe_samples(runner, self.tokenizer, self.dims, load_audio(audio), transcribe_options,
+                                  on_progress, batch_size=batch_size)
 
     def transcribe_batch(
         self, audios: Sequence[AudioInput], batch_size: int = 16, **options
@@ -192,7 +215,9 @@ class WhisperModel:
         rows, up to ``batch_size`` windows at a time; a window that finishes hands its rows to the
         next waiting window at once. The options are ``transcribe``'s (``on_progress`` excepted)
         and apply to every audio; each result is the one ``transcribe`` gives for that audio
-        alone. Segments come as lists. An audio that cannot be read raises its ``AudioError``
+        alone. With ``batched=True`` every audio is cut into VAD chunks as ``transcribe(batched=True)``
+        cuts it, and the chunks of all audios share the rows (``batch_size`` chunks of one audio
+        are encoded together). Segments come as lists. An audio that cannot be read raises its ``AudioError``
         once the batch is done (``transcribe_many`` returns it in that audio's place instead);
         bad options raise ``InvalidOptionError`` before any work.
         """
@@ -214,7 +239,9 @@ class WhisperModel:
         if not audios:
             return []
         search = max(transcribe_options.beam_size, transcribe_options.best_of)
-        engine = TranscriptionEngine(self, min(batch_size, len(audios)), search)
+        # Batched: each audio brings many chunks, which fill the rows however few the audios.
+        windows = batch_size if transcribe_options.batched else min(batch_size, len(audios))
+        engine = TranscriptionEngine(self, windows, search)
         jobs = [engine.submit(audio, transcribe_options) for audio in audios]
         engine.run()
         outcomes = [job.outcome for job in jobs]
@@ -256,3 +283,27 @@ class WhisperModel:
     def features(self, samples) -> torch.Tensor:
         """Log-mel features [n_mels, frames] of 16-kHz samples, on the model's device."""
         return whisper_input_features(samples, self.dims.n_mels, device=self.device)
+
+    def speech_probabilities(self, samples) -> np.ndarray:
+        """Silero VAD's speech probability of every 32-ms window of 16-kHz samples (``audio.vad``):
+        onnxruntime on the CPU, PyTorch on this model's device when it is a GPU."""
+        from ...audio.vad import load_vad, speech_probabilities
+
+        return speech_probabilities(samples, load_vad(self.device))
+
+
+class _BatchedRunner:
+    """The model as ``transcribe(batched=True)`` uses it: the chunks of a batch decode together in
+    the batch decoder's rows (``batch_size`` windows of ``beam_size`` rows); the rest is the model's."""
+
+    def __init__(self, model: WhisperModel, batch_size: int, beam_size: int):
+        self._model = model
+        self._decoder = model.batch_decoder(batch_size, batch_size * beam_size)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    @torch.inference_mode()
+    def decode(self, audio_features, requests, suppress, suppress_at_begin, options=None) -> List[WindowResult]:
+        with strict_float32(self._model.device, self._model.dtype):
+            return self._decoder.decode(audio_features, requests, suppress, suppress_at_begin, options)

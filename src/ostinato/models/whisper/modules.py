@@ -35,6 +35,16 @@ def fused_step_enabled(x: Tensor, head_dim: int) -> bool:
     return fused_step_supported(x.device, x.dtype, head_dim)
 
 
+CPU_SKINNY_ROWS = 8  # up to this many rows, the CPU's vocabulary projection is weight @ x^T
+
+
+def _on_meta() -> bool:
+    """Whether modules are being built on the meta device (``from_state_dict``: the checkpoint brings
+    the values). There, computed or random initial values are skipped: their meta kernels are
+    Python decompositions whose first use imports torch._dynamo, ~3 s of every model load."""
+    return torch.get_default_device().type == "meta"
+
+
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
     """Whisper's fixed sinusoidal position table for the encoder."""
     assert channels % 2 == 0
@@ -81,8 +91,17 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         return self.split_heads(self.key(x)), self.split_heads(self.value(x))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        out = F.scaled_dot_product_attention(self.split_heads(q), k, v, attn_mask=mask)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, group: int = 1) -> Tensor:
+        """Attention of ``q`` [B, T, d] over ``k``/``v`` [B, H, S, D]. ``group`` > 1: consecutive rows
+        in groups of that size hold the same keys and values (a window's beams), read once per group."""
+        q = self.split_heads(q)
+        if group == 1:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            b, h, t, d = q.shape
+            q = q.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
+            out = F.scaled_dot_product_attention(q, k[::group], v[::group], attn_mask=mask)
+            out = out.view(b // group, h, group, t, d).transpose(1, 2).reshape(b, h, t, d)
         return self.out(self.merge_heads(out))
 
 
@@ -112,15 +131,21 @@ class ResidualAttentionBlock(nn.Module):
         self_mask: Tensor,
         cross_k: Tensor,
         cross_v: Tensor,
+        cross_group: int = 1,
+        keys: Optional[int] = None,
     ) -> Tensor:
+        """``keys``: attend to the first ``keys`` cache positions only (the rest are masked for every
+        live row). The write goes to the whole cache: a free row may hold any position."""
         h = self.attn_ln(x)
         k, v = self.attn.project_kv(h)
         # Write this step's keys/values at each row's positions; the cache never changes address.
         self_k.scatter_(2, write_index, k)
         self_v.scatter_(2, write_index, v)
+        if keys is not None:
+            self_k, self_v = self_k[:, :, :keys], self_v[:, :, :keys]
         x = x + self.attn.attend(self.attn.query(h), self_k, self_v, self_mask)
         h = self.cross_attn_ln(x)
-        x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v)
+        x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v, group=cross_group)
         return x + self.mlp(self.mlp_ln(x))
 
     def decode_fused(
@@ -179,7 +204,8 @@ class AudioEncoder(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv1d(n_mels, n_state, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(n_state, n_state, kernel_size=3, stride=2, padding=1)
-        self.register_buffer("positional_embedding", sinusoids(n_ctx, n_state))
+        self.register_buffer("positional_embedding",
+                             torch.empty(n_ctx, n_state) if _on_meta() else sinusoids(n_ctx, n_state))
         self.blocks = nn.ModuleList([ResidualAttentionBlock(n_state, n_head) for _ in range(n_layer)])
         self.ln_post = nn.LayerNorm(n_state)
 
@@ -207,7 +233,8 @@ class TextDecoder(nn.Module):
         super().__init__()
         self.n_ctx = n_ctx
         self.n_head = n_head
-        self.token_embedding = nn.Embedding(n_vocab, n_state)
+        weight = torch.empty(n_vocab, n_state) if _on_meta() else None  # no random init on meta
+        self.token_embedding = nn.Embedding(n_vocab, n_state, _weight=weight)
         self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
         self.blocks = nn.ModuleList(
             [ResidualAttentionBlock(n_state, n_head, cross_attention=True) for _ in range(n_layer)]
@@ -244,12 +271,17 @@ class TextDecoder(nn.Module):
         self_v: List[Tensor],
         cross_k: List[Tensor],
         cross_v: List[Tensor],
+        *,
+        filled: Optional[int] = None,
+        cross_group: int = 1,
     ) -> Tensor:
         """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab].
 
         ``self_k``/``self_v`` are per-layer caches [B, H, n_ctx, D] (views of persistent buffers);
         keys at positions greater than a query's own position are masked, so stale cache entries
-        never leak into the result.
+        never leak into the result. ``filled``: a bound on every position (the keys past it are not
+        read). ``cross_group``: rows in consecutive groups of this size share their cross-attention
+        keys and values (a window's beams), which are then read once per group.
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         b, t = tokens.shape
@@ -262,12 +294,19 @@ class TextDecoder(nn.Module):
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
             return skinny.linear(x, self.token_embedding.weight).float()[:, None]
         write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
-        key_positions = torch.arange(self.n_ctx, device=tokens.device)
+        keys = self.n_ctx if filled is None else min(int(filled), self.n_ctx)
+        key_positions = torch.arange(keys, device=tokens.device)
         self_mask = (key_positions[None, None, None, :] <= positions[:, None, :, None])
         for i, block in enumerate(self.blocks):
-            x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, cross_k[i], cross_v[i])
+            x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, cross_k[i], cross_v[i],
+                             cross_group, keys)
         x = self.ln(x)
-        return (x @ self.token_embedding.weight.T).float()
+        weight = self.token_embedding.weight
+        if x.device.type == "cpu" and b * t <= CPU_SKINNY_ROWS:
+            # A few rows on the CPU: MKL's weight @ x^T streams the [n_vocab, d] weight once, where
+            # x @ weight^T takes up to twice as long (the last bits may differ: another summation order).
+            return torch.mm(weight, x.reshape(b * t, -1).T).T.contiguous().view(b, t, -1).float()
+        return (x @ weight.T).float()
 
     def forward_with_cross_scores(
         self, tokens: Tensor, cross_k: List[Tensor], cross_v: List[Tensor], heads: Sequence[Tuple[int, int]]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Union
 
 from ...checks import check_positive_int
 from ...errors import InvalidOptionError
 from .search import max_candidates
+
+if TYPE_CHECKING:  # the VAD module imports torch; this module stays free of it
+    from ...audio.vad import VadOptions
 
 MAX_TEXT_TOKENS = 448  # Whisper's text context
 TASKS = ("transcribe", "translate")  # what Whisper can be asked to do
@@ -82,7 +85,7 @@ class TranscribeOptions:
     no_repeat_ngram_size: int = 0  # forbid repeating an n-gram of this size (0: off)
     temperature: Union[float, Sequence[float]] = DEFAULT_TEMPERATURES  # one, or a fallback schedule
     initial_prompt: Optional[Union[str, Sequence[int]]] = None  # text or token ids before the first window
-    without_timestamps: bool = False  # decode without timestamp tokens (one segment per window)
+    without_timestamps: Optional[bool] = None  # no timestamp tokens, one segment per window (None: when batched)
     condition_on_previous_text: bool = True  # prompt each window with the text decoded before it
     prompt_reset_on_temperature: float = 0.5  # drop that prompt after a fallback to this temperature or above
     compression_ratio_threshold: Optional[float] = 2.4  # above: the window is repetitive, fall back
@@ -100,6 +103,16 @@ class TranscribeOptions:
     hotwords: Optional[str] = None  # words to prompt the model with (ignored when a prefix is given)
     clip_timestamps: Union[str, Sequence[float]] = "0"  # "start,end,..." seconds to transcribe
     seed: Optional[int] = 0  # sampling seed; None: a fresh random seed per call
+    vad_filter: Optional[bool] = None  # keep only the speech Silero VAD finds (None: on when batched)
+    vad_parameters: Optional[Union[dict, "VadOptions"]] = None  # faster-whisper's VadOptions, or a dict of them
+    batched: bool = False  # faster-whisper's BatchedInferencePipeline: the VAD's chunks decoded together
+
+    def __post_init__(self):
+        # Defaults that depend on ``batched``, as faster-whisper's two transcribe methods have them.
+        if self.vad_filter is None:
+            self.vad_filter = bool(self.batched)
+        if self.without_timestamps is None:
+            self.without_timestamps = bool(self.batched)
 
     def validate(self, n_vocab: Optional[int] = None) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
@@ -166,6 +179,23 @@ class TranscribeOptions:
         threshold = self.hallucination_silence_threshold
         if threshold is not None and not (_is_number(threshold) and threshold >= 0):
             raise InvalidOptionError(f"hallucination_silence_threshold must be a number >= 0, got {threshold!r}")
+        for name in ("without_timestamps", "vad_filter", "batched"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidOptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.vad_filter or self.vad_parameters is not None:
+            from ...audio.vad import vad_options
+
+            vad_options(self.vad_parameters)  # raises for unknown names and bad values
+        if self.runs_vad:
+            from ...audio.vad import require_vad
+
+            require_vad("vad_filter (on with batched)" if self.batched else "vad_filter")
+
+    @property
+    def runs_vad(self) -> bool:
+        """Whether the VAD runs: ``vad_filter`` without ``clip_timestamps`` (faster-whisper ignores the
+        VAD when clips are given)."""
+        return bool(self.vad_filter) and isinstance(self.clip_timestamps, str) and self.clip_timestamps == "0"
 
     @property
     def temperatures(self) -> List[float]:

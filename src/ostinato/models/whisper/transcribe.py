@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ...audio.decode import SAMPLE_RATE
 from ...audio.features import HOP_LENGTH
+from ...audio.vad import TimestampMap, collect_chunks, restore_times, speech_spans, vad_options
 from ...errors import InvalidOptionError
 from .options import (  # noqa: F401 - parse_clip_timestamps: part of the window loop's interface
     MAX_TEXT_TOKENS, TranscribeOptions, parse_clip_timestamps,
@@ -118,6 +119,20 @@ def avg_logprob_of(result: WindowResult, length_penalty: float) -> float:
     return score * (n**length_penalty) / (n + 1)
 
 
+def window_max_length(prompt: Sequence[int], options: TranscribeOptions) -> int:
+    """A window's token limit, prompt included: the prompt plus ``max_new_tokens``, or Whisper's
+    whole text context; InvalidOptionError when the prompt and ``max_new_tokens`` do not fit."""
+    if options.max_new_tokens is None:
+        return MAX_TEXT_TOKENS
+    max_length = len(prompt) + options.max_new_tokens
+    if max_length > MAX_TEXT_TOKENS:
+        raise InvalidOptionError(
+            f"prompt ({len(prompt)} tokens) plus max_new_tokens ({options.max_new_tokens}) "
+            f"exceeds Whisper's {MAX_TEXT_TOKENS}-token context"
+        )
+    return max_length
+
+
 def generate_with_fallback(
     runner: WindowRunner,
     tokenizer: WhisperTokenizer,
@@ -134,15 +149,7 @@ def generate_with_fallback(
     ``best_of`` candidates. When every temperature fails, the best-scoring result below the
     compression-ratio threshold (or of all) is kept, reported with the last temperature.
     """
-    if options.max_new_tokens is not None:
-        max_length = len(prompt) + options.max_new_tokens
-        if max_length > MAX_TEXT_TOKENS:
-            raise InvalidOptionError(
-                f"prompt ({len(prompt)} tokens) plus max_new_tokens ({options.max_new_tokens}) "
-                f"exceeds Whisper's {MAX_TEXT_TOKENS}-token context"
-            )
-    else:
-        max_length = MAX_TEXT_TOKENS
+    max_length = window_max_length(prompt, options)
     request = WindowRequest(
         prompt=prompt,
         timestamps=not options.without_timestamps,
@@ -413,14 +420,33 @@ def _add_words(
     return pieces, seek, last_speech_timestamp, False
 
 
-def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOptions, on_progress=None):
+def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOptions, on_progress=None,
+                       batch_size: Optional[int] = None):
     """(segments generator, info) of one audio's samples; ``runner`` does the model work.
 
     ``runner`` is a ``WhisperModel`` or a stand-in with the same ``features``, ``encode``,
-    ``detect_language``, ``decode``, ``align`` and ``seed`` (the batch scheduler's per-audio
-    proxy); ``options`` is this audio's own copy (the detected language is written into it).
+    ``detect_language``, ``decode``, ``align``, ``seed`` and ``speech_probabilities`` (the batch
+    scheduler's per-audio proxy); ``options`` is this audio's own copy (the detected language is
+    written into it). With ``options.batched`` the batched pipeline runs instead (``batched.py``),
+    ``batch_size`` chunks at a time.
+
+    With ``vad_filter`` (and no ``clip_timestamps``), as faster-whisper: the window loop runs on
+    the speech the VAD finds, joined, and the times are mapped back to the recording's.
     """
+    if options.batched:
+        from .batched import DEFAULT_BATCH_SIZE, transcribe_batched
+
+        return transcribe_batched(runner, tokenizer, dims, samples, options, batch_size or DEFAULT_BATCH_SIZE,
+                                  on_progress)
     duration = samples.shape[0] / SAMPLE_RATE
+    spans = vad = None
+    if options.runs_vad:
+        vad = vad_options(options.vad_parameters)
+        spans = speech_spans(runner.speech_probabilities(samples), samples.shape[0], vad)
+        samples = collect_chunks(samples, spans)[0].audio
+        if spans and on_progress is not None:
+            times, report = TimestampMap(spans), on_progress
+            on_progress = lambda seconds: report(times.original_time(seconds, is_end=True))  # noqa: E731
     features = runner.features(samples)
     language = options.language
     all_language_probs = None
@@ -446,9 +472,13 @@ def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOpti
         duration=duration,
         all_language_probs=all_language_probs,
         transcription_options=options.to_dict(),
+        duration_after_vad=samples.shape[0] / SAMPLE_RATE,
+        vad_options=vad.to_dict() if vad is not None else None,
     )
     segments = generate_segments(
         runner, tokenizer, features, sot_sequence, options, on_progress,
         frame_peaks=frame_peak_amplitudes(samples),
     )
+    if spans:
+        segments = restore_times(segments, spans)
     return segments, info
