@@ -64,6 +64,25 @@ def timed(fn, repeats: int, device):
     return statistics.median(times), result
 
 
+def profile(fn, top: int = 25) -> None:
+    """The kernels of one call by GPU time, against its wall time: what a change should remove."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in events) / 1e6
+    print(f"\nprofile of one batched run: wall {wall:.2f} s (profiled), kernels {total:.2f} s")
+    for e in events[:top]:
+        print(f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:8d} x  {e.key[:110]}")
+
+
 def consume(model, audio, **options):
     segments, info = model.transcribe(audio, **options)
     return list(segments), info
@@ -84,6 +103,8 @@ def main() -> None:
     ap.add_argument("--with-vad-sequential", action="store_true", help="also time transcribe(vad_filter=True)")
     ap.add_argument("--clips", default=None, help="the clips' folder (default: tests/data/clips)")
     ap.add_argument("--no-cpu-vad", action="store_true", help="skip timing onnxruntime's VAD on the CPU")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the top GPU kernels of one batched run (the largest batch size)")
     args = ap.parse_args()
 
     from ostinato import load_model
@@ -142,6 +163,9 @@ def main() -> None:
         t, (segs, _) = timed(lambda: consume(model, audio, batched=True, batch_size=b, **options), args.repeats,
                              device)
         rows.append((f"batched=True, batch_size={b}", t, segs))
+
+    if args.profile and torch.device(device).type == "cuda":
+        profile(lambda: consume(model, audio, batched=True, batch_size=max(args.batch_size), **options))
 
     print(f"\n{'':52} {'wall s':>9} {'audio-s/s':>10} {'vs seq.':>8} {'segments':>9} {'tokens':>8}")
     for label, wall, segs in rows:

@@ -4,7 +4,8 @@
     PYTHONPATH=src python dev/decode_attention_check.py                                     # on a GPU
 
 Inputs are views of bigger cache buffers (two layouts), keys past each row's length hold NaN/inf,
-the output buffer starts as NaN (so every element must be written). The interpreter runs a small
+the output buffer starts as NaN (so every element must be written); without lengths, query rows in
+groups of 3 on one K/V row (beams) too, equal bit for bit to each row on its own copy. The interpreter runs a small
 set (bfloat16 only on a GPU: the interpreter computes through numpy, which has no bfloat16).
 Prints one line per case (the worst row's ||out - ref|| / ||ref||) and ends with ``decode attention == reference: True`` (exit 1 otherwise).
 SEED=n repeats a run.
@@ -92,6 +93,19 @@ def check_new_kv(q, k, v, lengths, scale, dtype):
     return err < TOLERANCE[dtype] and same(k, want_k) and same(v, want_v), err
 
 
+def check_grouped(k, v, dtype, group=3):
+    """group > 1 (a window's beams on one cross K/V): ``group`` query rows per K/V row give the
+    float64 reference over the shared keys, and the same bits as each query row on its own copy."""
+    b, h, _, dim = k.shape
+    q = (torch.randn(b * group, h, dim, device=k.device) * 2).to(dtype)
+    copies_k, copies_v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    got = da.decode_attention(q, k, v, group=group)
+    alone = da.decode_attention(q, copies_k, copies_v)
+    ref = reference(q, copies_k, copies_v, None, dim ** -0.5)
+    err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+    return err < TOLERANCE[dtype] and torch.equal(got, alone), err
+
+
 def cases(on_gpu):
     """(B, H, S, D, dtype, lengths_kind, layout)."""
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
@@ -144,6 +158,10 @@ def main() -> int:
             ok_new, err_new = check_new_kv(q, k, v, lengths, scale if lk == "random" else None, dtype)
             ok &= ok_new
             err = max(err, err_new)
+        else:  # rows in groups sharing one K/V row
+            ok_group, err_group = check_grouped(k, v, dtype)
+            ok &= ok_group
+            err = max(err, err_group)
         ok_all &= ok
         splits, _ = da.split_plan(seq, b * h, da._sm_count(device))
         lens = "all" if lengths is None else lengths.tolist()

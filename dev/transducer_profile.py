@@ -116,7 +116,6 @@ def main():
     kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     print(f"two decode steps (fused={dec.fused}): {len(kern)} kernels: "
           + ", ".join(f"{e.name[:40]} {e.device_time:.1f}us" for e in kern))
-    steps = None
     for spr in (8, 16):
         m = TransducerModel.from_network(net, cfg, tok, device="cuda", compute_type="float16", steps_per_replay=spr)
         got = m.decoder.decode(enc1, el1, 10)

@@ -108,7 +108,7 @@ def profile(size: str, batch: int, steps: int, repeats: int, top: int) -> str:
     lines.append(kernel_table(lambda: [run.advance() for _ in range(replays)], per_step, top, "  per step"))
     lines.append(kernel_table(lambda: decoder.decode(features, requests, suppress, []), 1, top,
                               f"  per call (prefill, cross K/V, {steps} steps, results)"))
-    del run, decoder, model
+    run = decoder = model = None  # released before empty_cache (the lambdas above are done with them)
     torch.cuda.empty_cache()
     return "\n".join(lines)
 
@@ -137,7 +137,7 @@ def profile_encoder(size: str, batch: int, repeats: int, top: int, on: str = "cu
     lines = [f"== encoder {size} B={batch}: {ms:.1f} ms, {rate:.0f} TFLOP/s = {100 * rate / peak:.0f}% of the "
              f"measured matmul rate ({peak:.0f} TFLOP/s)"]
     lines.append(kernel_table(lambda: model.encoder(mel), 1, top, "  per encoder call", on))
-    del model
+    model = None  # released before empty_cache
     torch.cuda.empty_cache()
     return "\n".join(lines)
 

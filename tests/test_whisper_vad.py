@@ -185,6 +185,18 @@ def test_onnx_and_torch_backends_agree_on_random_audio():
     np.testing.assert_allclose(torch_, onnx, atol=1e-4, rtol=0)
 
 
+@needs_torch_vad
+def test_torch_backend_carries_the_lstm_state_across_pieces(monkeypatch):
+    """Long audio runs the LSTM in pieces (cuDNN refuses an hour as one sequence): the state carries,
+    so the probabilities equal onnxruntime's whatever the piece size."""
+    rng = np.random.RandomState(5)
+    audio = (rng.standard_normal(16000 * 5) * 0.1).astype(np.float32)
+    onnx = vad.speech_probabilities(audio, vad.load_vad("cpu", "onnx"))
+    network = vad.load_vad("cpu", "torch")
+    monkeypatch.setattr(network, "LSTM_PIECE", 7)  # 157 windows: 23 pieces, the last one short
+    np.testing.assert_allclose(vad.speech_probabilities(audio, network), onnx, atol=1e-4, rtol=0)
+
+
 def test_backend_choice(monkeypatch):
     monkeypatch.delenv("OSTINATO_VAD_BACKEND", raising=False)
     monkeypatch.setattr(vad, "torch_weights_available", lambda: True)

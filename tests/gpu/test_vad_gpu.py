@@ -57,3 +57,16 @@ def test_torch_vad_cpu_and_cuda_agree():
     cpu = vad.speech_probabilities(audio, vad.load_vad("cpu", "torch"))
     cuda = vad.speech_probabilities(audio, vad.load_vad("cuda", "torch"))
     np.testing.assert_allclose(cuda, cpu, atol=1e-4, rtol=0)
+
+
+def test_an_hour_on_cuda():
+    """An hour of audio (112,500 windows: more than cuDNN takes as one LSTM sequence) runs, and its
+    first ten minutes have the probabilities of those ten minutes alone (the state carries across)."""
+    rng = np.random.RandomState(11)
+    minute = (rng.standard_normal(16000 * 60) * 0.05).astype(np.float32)
+    hour = np.tile(minute, 60)
+    network = vad.load_vad("cuda", "torch")
+    probs = vad.speech_probabilities(hour, network)
+    assert probs.shape == (hour.shape[0] // 512 + 1,) and np.isfinite(probs).all()
+    ten = vad.speech_probabilities(hour[: 16000 * 600], network)
+    np.testing.assert_allclose(probs[: ten.shape[0] - 1], ten[:-1], atol=1e-5, rtol=0)

@@ -253,6 +253,7 @@ class TorchSilero:
     backend = "torch"
     BLOCK = 8192  # windows per convolution batch (about 4.4 min of audio)
     STRIDES = (1, 2, 2, 1)
+    LSTM_PIECE = 16384  # windows per LSTM call (8.7 minutes of audio)
 
     def __init__(self, path: Path, device="cpu"):
         import torch
@@ -298,7 +299,13 @@ class TorchSilero:
         with torch.inference_mode(), strict_float32(self.device, torch.float32):
             x = torch.from_numpy(np.ascontiguousarray(windows)).to(self.device)
             features = torch.cat([self._encode(x[i : i + self.BLOCK]) for i in range(0, x.shape[0], self.BLOCK)])
-            hidden, _ = self.lstm(features[:, None])  # the windows as one sequence of batch 1
+            # The windows as one sequence of batch 1, in pieces carrying the LSTM's state: cuDNN
+            # refuses one sequence of an hour's windows (112,500; 37,500 still ran).
+            pieces, state = [], None
+            for i in range(0, features.shape[0], self.LSTM_PIECE):
+                hidden, state = self.lstm(features[i : i + self.LSTM_PIECE, None], state)
+                pieces.append(hidden)
+            hidden = torch.cat(pieces)
             probs = torch.sigmoid(F.conv1d(F.relu(hidden[:, 0])[:, :, None], self.out_weight, self.out_bias))
             return probs.reshape(-1).float().cpu().numpy()
 

@@ -9,7 +9,14 @@ sums them in split order, so one launch does it all and the result does not depe
 
 Keys at or beyond a row's length are never loaded: the chunk loop ends at the length, which the
 kernel reads from the device, so the launch grid depends only on shapes and the call can be
-captured in a CUDA graph, and a short self-attention cache costs only its valid part.
+captured in a CUDA graph, and a short self-attention cache costs only its valid part: the splits
+past the length return at once, and a row whose keys fit one split needs no combine.
+
+Beam search keeps one window's cross-attention keys and values for all its beams: with ``group``
+> 1, query rows ``b`` read K/V row ``b // group``, and the programs of a window's beams for one
+(head, split) are adjacent in the grid, so the chunk one loads is still in L2 when the others ask:
+each window's cross K/V comes from memory once per step, not once per beam. Each program computes
+what it would alone, so a row's result has the same bits grouped or not.
 
 A decode step's own key and value (``new_k``/``new_v``, at position length - 1) can be passed
 fresh: the program whose chunk holds that position takes them from registers instead of the cache
@@ -66,85 +73,101 @@ if HAVE_TRITON:
                       S, chunk, qk_scale,
                       sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, snk_b, snk_h, snv_b, snv_h, so_b, so_h,
                       H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
-                      HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+                      HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
+                      GROUP: tl.constexpr):
         """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
-        With several splits (SPLITS: their count rounded up to a power of 2) it writes (acc, max, sum),
-        and the last of the (b, h) to arrive combines them; with one it writes the normalised output.
+        Splits that start at or past the length (a short self-attention cache) return at once; of
+        the others (SPLITS: the plan's count rounded up to a power of 2), each writes (acc, max, sum)
+        and the last of the (b, h) to arrive combines them, or with one live split it writes the
+        normalised output itself (the same bits: the combine would weigh it by exactly 1).
         With HAS_NEW the key/value at length - 1 come from nk/nv, and the chunk holding it stores them
         into the cache (no other program reads that position, so no ordering is needed)."""
         if PDL:
             pdl_enter()
         bh = tl.program_id(0)
         split = tl.program_id(1)
-        b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
-        h = (bh % H).to(tl.int64)
+        if GROUP > 1:  # program (window * H + h) * GROUP + beam: a window's beams side by side
+            wh = bh // GROUP
+            h = (wh % H).to(tl.int64)
+            kv_b = (wh // H).to(tl.int64)
+            b = kv_b * GROUP + bh % GROUP
+            bh = b * H + h  # partials and counters by query row
+        else:
+            b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
+            h = (bh % H).to(tl.int64)
+            kv_b = b
         length = S
         if HAS_LEN:
             length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), S)
         start = split * chunk
-        end = tl.minimum(start + chunk, length)
-        d = tl.arange(0, D)
-        # scale and log2(e) folded into q: the scores come out in base 2, for exp2
-        q = tl.load(q_ptr + b * sq_b + h * sq_h + d).to(tl.float32) * qk_scale
-        k_row = k_ptr + b * sk_b + h * sk_h
-        v_row = v_ptr + b * sv_b + h * sv_h
-        pos = length - 1
-        if HAS_NEW:
-            k_new = tl.load(nk_ptr + b * snk_b + h * snk_h + d)
-            v_new = tl.load(nv_ptr + b * snv_b + h * snv_h + d)
-            if (pos >= start) & (pos < end):
-                tl.store(k_row + pos * sk_s + d, k_new)
-                tl.store(v_row + pos * sv_s + d, v_new)
-        # Each of the BLOCK_N key slots keeps its own running max, sum and [D] accumulator, so the
-        # loop needs no reduction across warps (a barrier per block); the slots merge once after it.
-        # Masked-off keys are not loaded (garbage past the length may be NaN/inf) and score -inf.
-        m_s = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        l_s = tl.zeros([BLOCK_N], tl.float32)
-        acc_s = tl.zeros([BLOCK_N, D], tl.float32)
-        for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
-            n = n0 + tl.arange(0, BLOCK_N)
-            ok = n < end
+        live = tl.cdiv(length, chunk)  # splits holding keys (length >= 1: at least one)
+        if start < length:
+            end = tl.minimum(start + chunk, length)
+            d = tl.arange(0, D)
+            # scale and log2(e) folded into q: the scores come out in base 2, for exp2
+            q = tl.load(q_ptr + b * sq_b + h * sq_h + d).to(tl.float32) * qk_scale
+            k_row = k_ptr + kv_b * sk_b + h * sk_h
+            v_row = v_ptr + kv_b * sv_b + h * sv_h
+            pos = length - 1
             if HAS_NEW:
-                fresh = n == pos
-                cached = ok & (n != pos)
-                kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=cached[:, None], other=0.0)
-                vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=cached[:, None], other=0.0)
-                kt = tl.where(fresh[:, None], k_new[None, :], kt).to(tl.float32)
-                vt = tl.where(fresh[:, None], v_new[None, :], vt).to(tl.float32)
+                k_new = tl.load(nk_ptr + b * snk_b + h * snk_h + d)
+                v_new = tl.load(nv_ptr + b * snv_b + h * snv_h + d)
+                if (pos >= start) & (pos < end):
+                    tl.store(k_row + pos * sk_s + d, k_new)
+                    tl.store(v_row + pos * sv_s + d, v_new)
+            # Each of the BLOCK_N key slots keeps its own running max, sum and [D] accumulator, so the
+            # loop needs no reduction across warps (a barrier per block); the slots merge once after it.
+            # Masked-off keys are not loaded (garbage past the length may be NaN/inf) and score -inf.
+            m_s = tl.full([BLOCK_N], float("-inf"), tl.float32)
+            l_s = tl.zeros([BLOCK_N], tl.float32)
+            acc_s = tl.zeros([BLOCK_N, D], tl.float32)
+            for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+                n = n0 + tl.arange(0, BLOCK_N)
+                ok = n < end
+                if HAS_NEW:
+                    fresh = n == pos
+                    cached = ok & (n != pos)
+                    kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=cached[:, None], other=0.0)
+                    vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=cached[:, None], other=0.0)
+                    kt = tl.where(fresh[:, None], k_new[None, :], kt).to(tl.float32)
+                    vt = tl.where(fresh[:, None], v_new[None, :], vt).to(tl.float32)
+                else:
+                    kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+                    vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+                s = tl.where(ok, tl.sum(kt * q[None, :], axis=1), float("-inf"))
+                m_new = tl.maximum(m_s, s)
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slot with no key yet: 0, not NaN
+                alpha = tl.exp2(m_s - m_ref)
+                p = tl.exp2(s - m_ref)
+                acc_s = acc_s * alpha[:, None] + p[:, None] * vt
+                l_s = l_s * alpha + p
+                m_s = m_new
+            m = tl.max(m_s, axis=0)
+            w = tl.exp2(m_s - tl.where(m == float("-inf"), 0.0, m))
+            acc = tl.sum(w[:, None] * acc_s, axis=0)
+            l = tl.sum(w * l_s, axis=0)
+            if SPLITS > 1:
+                if live > 1:
+                    n_splits = tl.num_programs(1)
+                    slot = bh.to(tl.int64) * n_splits + split
+                    tl.store(part_ptr + slot * D + d, acc)
+                    tl.store(ml_ptr + slot * 2, m)
+                    tl.store(ml_ptr + slot * 2 + 1, l)
+                    tl.debug_barrier()  # every thread's stores before one thread's release of the count
+                    arrived = tl.atomic_add(lock_ptr + bh, 1, sem="acq_rel", scope="gpu")
+                    if arrived == live - 1:
+                        _combine(part_ptr, ml_ptr, out_ptr + b * so_b + h * so_h, bh.to(tl.int64) * n_splits,
+                                 live, D, SPLITS)
+                        tl.atomic_xchg(lock_ptr + bh, 0)  # ready for the next launch (graph replays reuse it)
+                else:
+                    tl.store(out_ptr + b * so_b + h * so_h + d, (acc / l).to(out_ptr.dtype.element_ty))
             else:
-                kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-                vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-            s = tl.where(ok, tl.sum(kt * q[None, :], axis=1), float("-inf"))
-            m_new = tl.maximum(m_s, s)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slot with no key yet: 0, not NaN
-            alpha = tl.exp2(m_s - m_ref)
-            p = tl.exp2(s - m_ref)
-            acc_s = acc_s * alpha[:, None] + p[:, None] * vt
-            l_s = l_s * alpha + p
-            m_s = m_new
-        m = tl.max(m_s, axis=0)
-        w = tl.exp2(m_s - tl.where(m == float("-inf"), 0.0, m))
-        acc = tl.sum(w[:, None] * acc_s, axis=0)
-        l = tl.sum(w * l_s, axis=0)
-        if SPLITS > 1:
-            # An empty split (past the length) still writes (0, -inf, 0): the combine weighs it 0.
-            n_splits = tl.num_programs(1)
-            slot = bh.to(tl.int64) * n_splits + split
-            tl.store(part_ptr + slot * D + d, acc)
-            tl.store(ml_ptr + slot * 2, m)
-            tl.store(ml_ptr + slot * 2 + 1, l)
-            tl.debug_barrier()  # every thread's stores before one thread's release of the count
-            arrived = tl.atomic_add(lock_ptr + bh, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_splits - 1:
-                _combine(part_ptr, ml_ptr, out_ptr + b * so_b + h * so_h, bh.to(tl.int64) * n_splits, n_splits,
-                         D, SPLITS)
-                tl.atomic_xchg(lock_ptr + bh, 0)  # ready for the next launch (graph replays reuse it)
-        else:
-            tl.store(out_ptr + b * so_b + h * so_h + d, (acc / l).to(out_ptr.dtype.element_ty))
+                tl.store(out_ptr + b * so_b + h * so_h + d, (acc / l).to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def _combine(part_ptr, ml_ptr, out_row, first_slot, n_splits, D: tl.constexpr, SPLITS: tl.constexpr):
-        """out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the splits of one (b, h);
+        """out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the live splits of one (b, h)
+        (the others count as (0, -inf, 0), what an empty split would have written: weight 0);
         split 0 always holds a valid key (lengths >= 1), so M is finite. Loads bypass L1: other SMs
         wrote the partials."""
         i = tl.arange(0, SPLITS)
@@ -161,7 +184,8 @@ if HAVE_TRITON:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None, *,
                      scale: float | None = None, out: torch.Tensor | None = None,
-                     new_k: torch.Tensor | None = None, new_v: torch.Tensor | None = None) -> torch.Tensor:
+                     new_k: torch.Tensor | None = None, new_v: torch.Tensor | None = None,
+                     group: int = 1) -> torch.Tensor:
     """softmax(q k^T * scale) v per (row, head) over each row's first ``lengths[b]`` keys.
 
     q [B, H, D]; k, v [B, H, S, D] with any strides but a contiguous last dimension (views of a
@@ -169,12 +193,19 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     >= 1 (keys past it are ignored, whatever they hold). D is 64 or 128; float16, bfloat16 or float32.
     new_k, new_v [B, H, D] (with lengths, k's dtype): this step's key and value, written into k and v
     at position lengths[b] - 1 and attended there (what a scatter into the cache before the call gives).
+    group: query rows in consecutive groups of this size share one K/V row (k, v [B / group, H, S, D]),
+    as a window's beams share its cross-attention keys; not with lengths or new_k/new_v.
     Returns [B, H, D] in q's dtype, written into ``out`` when given (e.g. a graph's static buffer).
     """
     bsz, heads, dim = q.shape
     seq = k.shape[2]
-    if k.shape != (bsz, heads, seq, dim) or v.shape != k.shape:
-        raise ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    if group < 1 or bsz % group:
+        raise ValueError(f"decode_attention: {bsz} query rows do not split into groups of {group}")
+    if group > 1 and (lengths is not None or new_k is not None or new_v is not None):
+        raise ValueError("decode_attention: group > 1 takes neither lengths nor new_k/new_v")
+    if k.shape != (bsz // group, heads, seq, dim) or v.shape != k.shape:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match"
+                         + (f" (group {group})" if group > 1 else ""))
     if dim not in HEAD_DIMS:
         raise ValueError(f"decode_attention: head size {dim} is not supported (64 or 128)")
     if k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -212,5 +243,6 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
-        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS, **pdl_options(q.device))
+        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, GROUP=group, num_warps=NUM_WARPS,
+        **pdl_options(q.device))
     return out

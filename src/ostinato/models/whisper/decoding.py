@@ -429,15 +429,19 @@ class WindowDecoder:
         st["temperature"].fill_(options.temperature if options.sampling else 1.0)
         st["repetition_penalty"].fill_(options.repetition_penalty)
 
-    def admit_rows(self, first_rows: Sequence[int], per: int, jobs: Sequence[WindowJob]) -> None:
-        """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples)."""
+    def admit_rows(self, first_rows: Sequence[int], per: int, jobs: Sequence[WindowJob],
+                   shared_audio: bool = False) -> None:
+        """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples).
+        ``shared_audio``: the rows are read as groups of ``per`` on the first row's cross-attention
+        K/V (beams, ``run_decoder(group=per)``), so only that row's is written."""
         st = self.state
         audio_features = concat_rows([j.audio_features for j in jobs])  # a view when they were one batch
         requests = [j.request for j in jobs]
-        index = torch.tensor([first + j for first in first_rows for j in range(per)], device=self.device)
+        copies = 1 if shared_audio else per
+        index = torch.tensor([first + j for first in first_rows for j in range(copies)], device=self.device)
         layers = range(st["cross_k"].shape[0])
         self.model.decoder.write_cross_kv(
-            audio_features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index, per
+            audio_features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index, copies
         )
         for first, req in zip(first_rows, requests):
             self._prefill(first, req)

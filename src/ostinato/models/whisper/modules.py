@@ -150,8 +150,10 @@ class ResidualAttentionBlock(nn.Module):
 
     def decode_fused(
         self, x: Tensor, self_k: Tensor, self_v: Tensor, lengths: Tensor, cross_k: Tensor, cross_v: Tensor,
+        cross_group: int = 1,
     ) -> Tensor:
-        """``decode`` for one token per row ([B, d]) through the fused operators."""
+        """``decode`` for one token per row ([B, d]) through the fused operators; ``cross_group`` as in
+        ``attend`` (a window's beams read its cross K/V once)."""
         b, d = x.shape
         attn, cross, heads = self.attn, self.cross_attn, self.attn.n_head
         h = skinny.add_layer_norm(x, None, self.attn_ln.weight, self.attn_ln.bias, self.attn_ln.eps)[1]
@@ -168,7 +170,8 @@ class ResidualAttentionBlock(nn.Module):
         x = skinny.linear(a.reshape(b, d), attn.out.weight, attn.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.cross_attn_ln.weight, self.cross_attn_ln.bias, self.cross_attn_ln.eps)[1]
         q = skinny.linear(h, cross.query.weight, cross.query.bias)
-        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k, cross_v)
+        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k[::cross_group], cross_v[::cross_group],
+                                           group=cross_group)
         x = skinny.linear(a.reshape(b, d), cross.out.weight, cross.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.mlp_ln.weight, self.mlp_ln.bias, self.mlp_ln.eps)[1]
         hidden = skinny.linear(h, self.mlp[0].weight, self.mlp[0].bias, gelu=True)
@@ -290,7 +293,7 @@ class TextDecoder(nn.Module):
             lengths = positions[:, 0] + 1  # a query sees the keys up to its own position
             x = x[:, 0]
             for i, block in enumerate(self.blocks):
-                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i])
+                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], cross_group)
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
             return skinny.linear(x, self.token_embedding.weight).float()[:, None]
         write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
