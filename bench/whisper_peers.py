@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,7 +36,9 @@ import numpy as np
 import torch
 
 from ostinato.models.whisper.config import OFFICIAL_DIMS, WhisperDims
-from ostinato.testing.measure import copy_bandwidth_gbs, matmul_tflops, whisper_encoder_flops as encoder_flops
+from ostinato.testing.measure import (
+    copy_bandwidth_gbs, matmul_tflops, median_seconds, whisper_encoder_flops as encoder_flops,
+)
 from ostinato.testing.random_models import StateDict, random_mel, random_whisper_checkpoint
 
 # Official sizes (OpenAI's dims: n_mels, n_audio_ctx, n_audio_state, n_audio_head, n_audio_layer,
@@ -93,23 +93,6 @@ def special_ids(dims: WhisperDims) -> SpecialIds:
 
 
 # -- timing -----------------------------------------------------------------------------------
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_seconds(fn: Callable[[], object], repeats: int, device) -> Tuple[float, object]:
-    """Median wall time of ``fn()`` over ``repeats`` runs, the device synchronised around each."""
-    times, result = [], None
-    for _ in range(max(1, repeats)):
-        _sync(device)
-        start = time.perf_counter()
-        result = fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
-
-
 def _per_step_ms(run: Callable[[int], List[List[int]]], steps: int, repeats: int, device, method: str) -> float:
     """ms per decode step of ``run(n)``, a decode of ``n`` forced tokens per row (encoder excluded).
 
@@ -134,7 +117,7 @@ def _per_step_ms(run: Callable[[int], List[List[int]]], steps: int, repeats: int
             raise RuntimeError(f"forced length not reached: asked for {n} tokens per row, got {lengths}")
 
     check(run(steps), steps)  # warm-up, and the forced length is checked once per configuration
-    seconds, rows = _median_seconds(checked(steps), repeats, device)
+    seconds, rows = median_seconds(checked(steps), repeats, device)
     check(rows, steps)
     if method == "total":
         return seconds * 1e3 / steps
@@ -143,7 +126,7 @@ def _per_step_ms(run: Callable[[int], List[List[int]]], steps: int, repeats: int
         if short >= steps:
             raise ValueError("method='difference' needs steps >= 2")
         check(run(short), short)
-        short_seconds, rows = _median_seconds(checked(short), repeats, device)
+        short_seconds, rows = median_seconds(checked(short), repeats, device)
         check(rows, short)
         return (seconds - short_seconds) * 1e3 / (steps - short)
     raise ValueError(f"unknown method {method!r}: 'total' or 'difference'")

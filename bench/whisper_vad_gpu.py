@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ostinato.testing.measure import median_seconds
 from ostinato.testing.recordings import PLANS, build
 
 RATE = 16000
@@ -46,22 +46,6 @@ def recording(minutes: float, clip_dir=None) -> np.ndarray:
     one = build(plan, **where)
     repeat = max(1, math.ceil(minutes * 60 * RATE / one.shape[0]))
     return build(plan, repeat=repeat, **where)[: int(minutes * 60 * RATE)]
-
-
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, repeats: int, device):
-    times, result = [], None
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        result = fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
 
 
 def profile(fn, top: int = 25) -> None:
@@ -146,21 +130,21 @@ def main() -> None:
         consume(model, warm, batched=True, batch_size=b, **options)
 
     rows = []
-    vad_device, _ = timed(lambda: model.speech_probabilities(audio), args.repeats, device)
+    vad_device, _ = median_seconds(lambda: model.speech_probabilities(audio), args.repeats, device)
     rows.append((f"VAD alone ({vad.resolve_backend('auto', model.device)} on {model.device})", vad_device, None))
     if not args.no_cpu_vad:
         cpu_vad = vad.load_vad("cpu", "onnx")
-        vad_cpu, _ = timed(lambda: vad.speech_probabilities(audio, cpu_vad), 1, "cpu")
+        vad_cpu, _ = median_seconds(lambda: vad.speech_probabilities(audio, cpu_vad), 1, "cpu")
         rows.append(("VAD alone (onnxruntime on the CPU, as faster-whisper)", vad_cpu, None))
 
-    sequential, (segs, _) = timed(lambda: consume(model, audio, **options), args.sequential_repeats, device)
+    sequential, (segs, _) = median_seconds(lambda: consume(model, audio, **options), args.sequential_repeats, device)
     rows.append(("sequential transcribe()", sequential, segs))
     if args.with_vad_sequential:
-        t, (segs, _) = timed(lambda: consume(model, audio, vad_filter=True, **options), args.sequential_repeats,
+        t, (segs, _) = median_seconds(lambda: consume(model, audio, vad_filter=True, **options), args.sequential_repeats,
                              device)
         rows.append(("sequential, vad_filter=True", t, segs))
     for b in args.batch_size:
-        t, (segs, _) = timed(lambda: consume(model, audio, batched=True, batch_size=b, **options), args.repeats,
+        t, (segs, _) = median_seconds(lambda: consume(model, audio, batched=True, batch_size=b, **options), args.repeats,
                              device)
         rows.append((f"batched=True, batch_size={b}", t, segs))
 

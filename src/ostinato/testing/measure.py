@@ -1,5 +1,6 @@
 """The machine's rates, measured in the same run as a benchmark: what "% of the copy bandwidth" and "%
-of the matmul rate" are shares of, and the arithmetic that turns a model into FLOPs."""
+of the matmul rate" are shares of, the arithmetic that turns a model into FLOPs, and the benchmarks'
+median wall time."""
 from __future__ import annotations
 
 import statistics
@@ -8,6 +9,23 @@ import time
 import torch
 
 from ..models.whisper.config import WhisperDims
+
+
+def median_seconds(fn, repeats: int, device) -> tuple:
+    """(median wall time of ``fn()`` over ``repeats`` runs, the last result), the device synchronised
+    around each run (a CUDA device; nothing to wait for on the CPU)."""
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times, result = [], None
+    for _ in range(max(1, repeats)):
+        sync()
+        start = time.perf_counter()
+        result = fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
 
 
 def copy_bandwidth_gbs(device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
