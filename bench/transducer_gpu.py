@@ -21,59 +21,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import numpy as np
 import torch
 
-from ostinato.models.transducer.model import TransducerModel, TransducerNetwork
+from ostinato.models.transducer.model import TransducerModel
 from ostinato.models.transducer.nemo_checkpoint import TransducerConfig
-from ostinato.testing.measure import matmul_tflops
+from ostinato.testing.measure import matmul_tflops, median_seconds
 from ostinato.testing.random_models import (
     fake_tokenizer, install_pattern, parakeet_tdt_v2_config, random_transducer_network,
 )
-
-@torch.inference_mode()
-def plain_eager_decode(net: TransducerNetwork, cfg: TransducerConfig, enc, lengths, max_symbols: int):
-    """The textbook greedy TDT loop, one utterance at a time, a host sync per joint evaluation."""
-    blank, n_dur = cfg.blank_id, len(cfg.durations)
-    durations = cfg.durations
-    out = []
-    for b in range(enc.shape[0]):
-        n = int(lengths[b])
-        f = net.joint.project_encoder(enc[b, :n])
-        hidden = cfg.pred_hidden
-        h = torch.zeros(cfg.pred_layers, 1, hidden, device=enc.device, dtype=enc.dtype)
-        c = torch.zeros_like(h)
-        g, h, c = net.prednet.step(torch.tensor([blank], device=enc.device), h, c)
-        g = net.joint.project_prediction(g)
-        tokens, frames, durs = [], [], []
-        t, at_frame = 0, 0
-        while t < n:
-            logits = net.joint(f[t:t + 1], g)[0]
-            label = int(logits[:-n_dur].argmax())
-            dur = durations[int(logits[-n_dur:].argmax())]
-            if label == blank:
-                t += max(dur, 1)
-                at_frame = 0
-                continue
-            tokens.append(label)
-            frames.append(t)
-            durs.append(dur)
-            g, h, c = net.prednet.step(torch.tensor([label], device=enc.device), h, c)
-            g = net.joint.project_prediction(g)
-            if dur == 0:
-                at_frame += 1
-                if at_frame >= max_symbols:
-                    t += 1
-                    at_frame = 0
-            else:
-                t += dur
-                at_frame = 0
-        out.append((tokens, frames, durs))
-    return out
-
+from ostinato.testing.transducer_oracle import (
+    check_ties, compare_with_plain, plain_greedy_decode, record_decisions,
+)
 
 def encoder_flops_per_second(cfg: TransducerConfig, seconds: float) -> float:
     """Multiply-adds x 2 of the encoder for one utterance of ``seconds``."""
@@ -95,22 +55,25 @@ def encoder_flops_per_second(cfg: TransducerConfig, seconds: float) -> float:
     return 2 * macs
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn, repeats: int = 1):
-    """Median wall time over ``repeats`` runs (device synchronised around each) and the last result."""
-    _sync()
-    times = []
-    result = None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        _sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+def explain_differences(stepper, net, cfg, enc, enc_len, max_symbols, hyps, plain_logs) -> None:
+    """Where an utterance parts from the plain loop: both choices measured in float64 (see
+    ``ostinato.testing.transducer_oracle``); also checks every decision of ostinato the same way."""
+    log = record_decisions(stepper, enc, enc_len.tolist(), max_symbols)
+    for i, hyp in enumerate(hyps):  # the step-by-step log is the graphs' arithmetic
+        emitted = [(lab, t) for lab, t, a in zip(log.label[:, i], log.t[:, i], log.active[:, i])
+                   if a and lab != cfg.blank_id]
+        assert emitted == list(zip(hyp.tokens, hyp.frames)), f"row {i}: step-by-step != graph"
+    same, divergences, replay = compare_with_plain(net, cfg, enc, enc_len.tolist(), log, plain_logs)
+    tol = replay.tolerance()
+    margins = np.fmax(replay.label_margin, replay.duration_margin)
+    decided = np.isfinite(margins)
+    print(f"  float64 replay of ostinato's {int(decided.sum())} decisions: largest rounding error of a chosen logit "
+          f"{replay.largest_rounding_error:.2f} ulp (tie tolerance {tol:.2f} ulp); {int((margins[decided] > 0).sum())} "
+          f"decisions are not the exact best, the worst by {replay.worst_margin():.2f} ulp")
+    for d in divergences:
+        print("  " + d.describe(tol))
+    problem = check_ties(divergences, replay)
+    print("  every difference is a tie within rounding" if problem is None else f"  PROBLEM: {problem}", flush=True)
 
 
 def main() -> None:
@@ -124,6 +87,8 @@ def main() -> None:
     ap.add_argument("--plain-limit", type=int, default=32, help="run the plain loop on at most this many utterances "
                     "per batch and scale its time (it is slow); 0 = all")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--explain", action="store_true", help="replay ostinato's decisions in float64 even when "
+                    "every utterance matches the plain loop")
     ap.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke test with --layers)")
     ap.add_argument("--layers", type=int, default=None, help="override the encoder depth (smoke tests)")
     args = ap.parse_args()
@@ -144,6 +109,9 @@ def main() -> None:
     kstep = TransducerModel.from_network(net, cfg, tok, device=args.device, compute_type=args.dtype,
                                          steps_per_replay=args.steps_per_replay,
                                          decode_loop="kstep" if device.type == "cuda" else "eager")
+    # the same kernels one step at a time, to say where a row parts from the plain loop
+    stepper = TransducerModel.from_network(net, cfg, tok, device=args.device, compute_type=args.dtype,
+                                           use_graphs=False, steps_per_replay=1).decoder
     print(f"decode loop: {graph.decoder.loop_rung}")
     assert eager.network.encoder.layers[0].ff1.linear1.weight is graph.network.encoder.layers[0].ff1.linear1.weight
     rate = matmul_tflops(device, dtype, n=8192 if device.type == "cuda" else 1024) * 1e12
@@ -159,21 +127,22 @@ def main() -> None:
         total_audio = float(seconds.sum())
         # stages, measured separately
         feats, flen = graph.features(audios)
-        _sync()
-        t_feat, (feats, flen) = timed(lambda: graph.features(audios), args.repeats)
-        t_enc, (enc, enc_len) = timed(lambda: graph.encode(feats, flen), args.repeats)
+        t_feat, (feats, flen) = median_seconds(lambda: graph.features(audios), args.repeats, device)
+        t_enc, (enc, enc_len) = median_seconds(lambda: graph.encode(feats, flen), args.repeats, device)
         flops = sum(encoder_flops_per_second(cfg, s) for s in seconds)
         graph.decoder.decode(enc, enc_len, args.max_symbols)  # capture this bucket
-        t_graph, hyps = timed(lambda: graph.decoder.decode(enc, enc_len, args.max_symbols), args.repeats)
-        t_eager, hyps_eager = timed(lambda: eager.decoder.decode(enc, enc_len, args.max_symbols), 1)
+        t_graph, hyps = median_seconds(lambda: graph.decoder.decode(enc, enc_len, args.max_symbols), args.repeats, device)
+        t_eager, hyps_eager = median_seconds(lambda: eager.decoder.decode(enc, enc_len, args.max_symbols), 1, device)
         kstep.decoder.decode(enc, enc_len, args.max_symbols)  # capture this bucket
-        t_kstep, hyps_kstep = timed(lambda: kstep.decoder.decode(enc, enc_len, args.max_symbols), args.repeats)
+        t_kstep, hyps_kstep = median_seconds(lambda: kstep.decoder.decode(enc, enc_len, args.max_symbols), args.repeats, device)
         n_plain = batch if args.plain_limit <= 0 else min(batch, args.plain_limit)
-        t_plain, plain = timed(lambda: plain_eager_decode(net, cfg, enc[:n_plain], enc_len[:n_plain], args.max_symbols),
-                               args.repeats if n_plain <= 4 else 1)
+        t_plain, (plain, plain_logs) = median_seconds(
+            lambda: plain_greedy_decode(net, cfg, enc[:n_plain], enc_len[:n_plain], args.max_symbols),
+            args.repeats if n_plain <= 4 else 1, device)
         t_plain_all = t_plain * batch / n_plain
         # graph and eager ostinato run the same step on the same batch: identical. The plain loop
-        # runs one row at a time, so a near-tie among random labels may resolve differently.
+        # runs one row at a time, so a near-tie among random labels may resolve differently:
+        # explain_differences measures every difference in float64
         for i in range(batch):
             assert (hyps[i].tokens, hyps[i].frames, hyps[i].durations) == (
                 hyps_eager[i].tokens, hyps_eager[i].frames, hyps_eager[i].durations), f"row {i}: graph != eager"
@@ -181,8 +150,10 @@ def main() -> None:
                 hyps_kstep[i].tokens, hyps_kstep[i].frames, hyps_kstep[i].durations), f"row {i}: graph != K-step"
         same = sum((hyps[i].tokens, hyps[i].frames, hyps[i].durations) == plain[i] for i in range(n_plain))
         print(f"batch {batch}: ostinato == plain loop on {same}/{n_plain} utterances", flush=True)
-        t_e2e, _ = timed(lambda: graph.transcribe_batch(audios, batch_size=batch, max_symbols=args.max_symbols),
-                         args.repeats)
+        if same < n_plain or args.explain:
+            explain_differences(stepper, net, cfg, enc, enc_len, args.max_symbols, hyps, plain_logs)
+        t_e2e, _ = median_seconds(
+            lambda: graph.transcribe_batch(audios, batch_size=batch, max_symbols=args.max_symbols), args.repeats, device)
         tokens = sum(len(h.tokens) for h in hyps)
         rows.append((batch, total_audio, tokens, t_feat, t_enc, flops, t_graph, t_kstep, t_eager, t_plain_all, t_e2e,
                      n_plain < batch))

@@ -51,23 +51,51 @@ if __name__ == "__main__":
 def check_relpos():
     from ostinato.models.transducer.encoder import RelPositionAttention, relative_positions
     torch.manual_seed(0)
-    b, t, h, dk = 2, 70, 2, 16
-    d = h * dk
-    att = RelPositionAttention(d, h, True)
-    att.pos_bias_u.data.normal_(); att.pos_bias_v.data.normal_()
-    x = torch.randn(b, t, d)
-    pe = relative_positions(t, d, "cpu", torch.float32)
-    lengths = torch.tensor([70, 50])
-    kb = torch.zeros(b, t).masked_fill_(torch.arange(t)[None] >= lengths[:, None], -10000.0)
-    with torch.inference_mode():
-        ref = att(x, pe, kb)  # float32 torch path
-        att16 = att.half()
-        got = att16(x.half(), pe.half(), kb.half()).float()  # interpreter: triton path
-    for i, n in enumerate(lengths.tolist()):
-        err = ((got[i, :n] - ref[i, :n]).norm() / ref[i, :n].norm()).item()
-        print("relpos attention fp16 (triton bias) vs fp32 rel err", err)
-        assert err < 5e-3
+    # several key blocks, a partial last block, a row of one frame, a one-frame input
+    for h, dk, lengths in ((2, 16, [70, 50]), (2, 32, [129, 1, 64]), (2, 16, [1])):
+        b, t, d = len(lengths), max(lengths), h * dk
+        att = RelPositionAttention(d, h, True)
+        att.pos_bias_u.data.normal_()
+        att.pos_bias_v.data.normal_()
+        x = torch.randn(b, t, d)
+        pe = relative_positions(t, d, "cpu", torch.float32)
+        lengths = torch.tensor(lengths)
+        kb = torch.zeros(b, t).masked_fill_(torch.arange(t)[None] >= lengths[:, None], -10000.0)
+        with torch.inference_mode():
+            ref = att(x, pe, kb)  # float32 torch path
+            got = att.half()(x.half(), pe.half(), kb.half()).float()  # interpreter: triton bias kernel
+        assert torch.isfinite(got).all()
+        for i, n in enumerate(lengths.tolist()):
+            err = ((got[i, :n] - ref[i, :n]).norm() / ref[i, :n].norm()).item()
+            print(f"relpos attention fp16 (triton bias) vs fp32, T={t} length {n}: rel err {err:.2e}")
+            assert err < 5e-3
+
+
+def check_subsampling():
+    from ostinato.models.transducer.encoder import DwStridingSubsampling
+    torch.manual_seed(1)
+    for factor, feat, lengths in ((8, 20, [61, 40, 1]), (4, 17, [33, 9]), (16, 24, [70])):
+        sub = DwStridingSubsampling(feat, 32, 16, factor)
+        for m in sub.modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+                m.bias.data.normal_(0, 0.3)
+        b, t = len(lengths), max(lengths)
+        n = torch.tensor(lengths)
+        x = torch.randn(b, t, feat).masked_fill_(torch.arange(t)[None, :, None] >= n[:, None, None], 0.0)
+        with torch.inference_mode():
+            ref, ref_len = sub(x, n)  # float32 torch path
+            sub = sub.half()
+            weight = sub.out.weight.clone()
+            got, got_len = sub(x, n)  # interpreter: triton kernels (x given in float32)
+            sub.float()(x, n)  # back on the torch path: the weight's column order restored
+        assert torch.equal(ref_len, got_len)
+        assert torch.equal(sub.out.weight, weight.float())
+        for i, k in enumerate(ref_len.tolist()):
+            err = ((got[i, :k].float() - ref[i, :k]).norm() / ref[i, :k].norm()).item()
+            print(f"subsampling x{factor} fp16 (triton) vs fp32, T={t} length {lengths[i]}: rel err {err:.2e}")
+            assert err < 5e-3
 
 
 if __name__ == "__main__":
     check_relpos()
+    check_subsampling()

@@ -45,6 +45,7 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
+@torch.inference_mode()
 def main():
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
@@ -57,9 +58,25 @@ def main():
     v = torch.randn(h, dk, device=dev, dtype=dt)
     kb = torch.zeros(b, t, device=dev, dtype=dt)
     kb[:, 700:] = -10000.0
-    pick("relpos", [dict(BM=64, BN=64, num_warps=4, num_stages=2), dict(BM=64, BN=64, num_warps=8, num_stages=2),
-                    dict(BM=32, BN=32, num_warps=4, num_stages=2), dict(BM=64, BN=64, num_warps=4, num_stages=1)],
+    pick("relpos", [dict(BM=bm, BN=bm, num_warps=w, num_stages=st) for bm, w, st in
+                    ((64, 4, 1), (64, 4, 2), (64, 8, 1), (32, 4, 1), (128, 8, 1))],
          lambda: kernels.relpos_bias(q, p, u, v, kb, 0.0884), rel)
+
+    def bias_then_sdpa():
+        q_u, bias = kernels.relpos_bias(q, p, u, v, kb, 0.0884)
+        k = qkv[..., h * dk:2 * h * dk].view(b, t, h, dk).transpose(1, 2)
+        vv = qkv[..., 2 * h * dk:].view(b, t, h, dk).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q_u.transpose(1, 2), k, vv, attn_mask=bias)
+
+    print(f"attention core, relpos bias + SDPA: {bench(bias_then_sdpa):.1f} us")
+    # subsampling's first two convolutions, one minute per row
+    feats = torch.randn(b, 6000, 128, device=dev, dtype=dt)
+    conv0 = torch.nn.Conv2d(1, 256, 3, 2, 1).to(dev, dt)
+    dw = torch.nn.Conv2d(256, 256, 3, 2, 1, groups=256).to(dev, dt)
+    flen = torch.full((b,), 5900, device=dev, dtype=torch.int64)
+    sub = [dict(BP=32, BC=64, num_warps=4), dict(BP=32, BC=32, num_warps=4), dict(BP=64, BC=32, num_warps=4),
+           dict(BP=64, BC=64, num_warps=4), dict(BP=16, BC=64, num_warps=4)]
+    pick("subsample", sub, lambda: kernels.subsample_first(feats, flen, conv0, dw, dt), rel)
     # conv module middle
     x = torch.randn(b, t, 2048, device=dev, dtype=dt)
     w = torch.randn(1024, 1, 9, device=dev, dtype=dt)

@@ -198,6 +198,41 @@ def test_long_audio_decodes_across_chunk_boundaries(tiny):
     assert any(abs(f - b) <= 2 for f in r.frames for b in boundaries)
 
 
+def test_many_long_inputs_together_equal_each_alone(tiny):
+    """Long inputs (past the full-context limit) share window batches with each other, short ones in
+    the same call are encoded whole: every result is the one the input gets alone."""
+    model = TransducerModel(tiny, device="cpu", max_full_context_seconds=2.0, chunk_seconds=2.0,
+                            chunk_context_seconds=0.5, chunk_batch=5)
+    rng = np.random.default_rng(4)
+    audios = [(0.1 * rng.standard_normal(int(16000 * s))).astype(np.float32) for s in (9.3, 1.7, 12.0, 6.1, 2.4)]
+    feats, lengths = model.features(audios)
+    enc, enc_len = model.encode(feats, lengths)
+    for i, audio in enumerate(audios):
+        f1, l1 = model.features([audio])
+        assert int(l1[0]) == int(lengths[i])
+        torch.testing.assert_close(feats[i, :, : int(l1[0])], f1[0, :, : int(l1[0])], rtol=0, atol=1e-5)
+        e1, n1 = model.encode(f1, l1)
+        assert int(n1[0]) == int(enc_len[i])
+        torch.testing.assert_close(enc[i, : int(n1[0])], e1[0, : int(n1[0])], rtol=0, atol=1e-5)
+    together = model.transcribe_batch(audios, batch_size=3, max_symbols=10)
+    alone = [model.transcribe(a, max_symbols=10) for a in audios]
+    assert [(r.tokens, r.frames, r.durations) for r in together] == [(r.tokens, r.frames, r.durations) for r in alone]
+    assert all(r.tokens for r in together)
+
+
+def test_features_in_several_calls_equal_one_call(tiny):
+    """Inputs too long for one preprocessor call are turned into features a few rows at a time."""
+    model = TransducerModel(tiny, device="cpu")
+    rng = np.random.default_rng(6)
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (40_000, 23_456, 51_000, 8_000)]
+    one, one_len = model.features(audios)
+    model.feature_call_samples = 60_000  # at most one of these per call
+    many, many_len = model.features(audios)
+    assert torch.equal(one_len, many_len)
+    assert one.shape == many.shape
+    torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
+
+
 def test_segments_and_writers(model, tmp_path):
     from ostinato.writers import write_result
 

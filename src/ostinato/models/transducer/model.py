@@ -5,7 +5,7 @@ import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -169,33 +169,77 @@ class TransducerModel:
         return memory_report(self.network, self.decoder.nbytes(), self.device)
 
     # -- stages --------------------------------------------------------------------------------
+    # samples per preprocessor call: its float32 spectrogram intermediates take ~50 bytes per sample,
+    # so inputs of an hour or more are turned into features a few at a time (rows are independent)
+    feature_call_samples = 1 << 26
+
     @torch.inference_mode()
     def features(self, audios: Sequence[np.ndarray]) -> Tuple[Tensor, Tensor]:
-        """Mel features [B, n_mels, T] (float32) and their lengths for 1-D sample arrays."""
-        lengths = torch.tensor([a.shape[0] for a in audios], dtype=torch.int64)
-        # the padded batch is built on the device: one host-to-device copy per input, no host-side batch
-        batch = torch.zeros(len(audios), int(lengths.max()), dtype=torch.float32, device=self.device)
-        for i, a in enumerate(audios):
-            batch[i, : a.shape[0]].copy_(torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32))
-        return self.preprocessor(batch, lengths.to(self.device))
+        """Mel features [B, n_mels, T] (float32) and their lengths for 1-D sample arrays.
+
+        On CUDA the samples go up through pinned memory, one copy per call, the host filling the next
+        call's rows while the previous copy runs."""
+        sizes = [int(a.shape[0]) for a in audios]
+        if max(sizes) * len(sizes) <= self.feature_call_samples:
+            return self.preprocessor(self._upload(audios), torch.tensor(sizes, device=self.device))
+        calls, current, width = [], [], 0
+        for i in sorted(range(len(audios)), key=lambda i: -sizes[i]):
+            width = max(width, sizes[i]) if current else sizes[i]
+            if current and width * (len(current) + 1) > self.feature_call_samples:
+                calls.append(current)
+                current, width = [], sizes[i]
+            current.append(i)
+        calls.append(current)
+        out = lengths = None
+        for rows in calls:
+            batch = self._upload([audios[i] for i in rows])
+            feats, feat_len = self.preprocessor(batch, torch.tensor([sizes[i] for i in rows], device=self.device))
+            if out is None:  # the first call has the longest rows: its width is the batch's
+                out = feats.new_full((len(audios),) + feats.shape[1:], self.config.preprocessor.pad_value)
+                lengths = feat_len.new_zeros(len(audios))
+            index = torch.tensor(rows, device=self.device)
+            out[index, :, : feats.shape[-1]] = feats
+            lengths[index] = feat_len
+        return out, lengths
+
+    def _upload(self, audios: Sequence[np.ndarray]) -> Tensor:
+        """The padded batch [B, N] float32 on the device, from one host buffer in one copy."""
+        width = max(a.shape[0] for a in audios)
+        pinned = self.device.type == "cuda"
+        host = torch.empty(len(audios), width, dtype=torch.float32, pin_memory=pinned)
+        for i, a in enumerate(audios):  # torch's copy runs on several threads (a large numpy one on one)
+            host[i, : a.shape[0]].copy_(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)))
+            host[i, a.shape[0]:].zero_()
+        return host.to(self.device, non_blocking=pinned)
 
     @torch.inference_mode()
     def encode(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
-        """features [B, n_mels, T] -> encoder output [B, T', d_model] in the compute dtype, lengths."""
+        """features [B, n_mels, T] -> encoder output [B, T', d_model] in the compute dtype, lengths.
+
+        Rows up to ``max_full_context_frames`` are encoded whole (in length groups); longer rows in
+        overlapping windows, the windows of all long rows batched together. Either way a row's output
+        is the one it gets alone."""
+        features = features.to(self.device)
+        host = [int(n) for n in lengths.tolist()]
+        long_rows = [i for i, n in enumerate(host) if n > self.max_full_context_frames]
         with strict_float32(self.device, self.dtype):
-            if features.shape[-1] <= self.max_full_context_frames:
-                return self._encode_grouped(features.to(self.device), lengths)
-            outs, out_lengths = [], []
-            for i in range(features.shape[0]):
-                n = int(lengths[i])
-                out = self._encode_chunked(features[i:i + 1, :, :n])
-                outs.append(out)
-                out_lengths.append(out.shape[1])
-            width = max(out_lengths)
-            enc = outs[0].new_zeros(len(outs), width, outs[0].shape[-1])
-            for i, out in enumerate(outs):
-                enc[i, : out.shape[1]] = out[0]
-            return enc, torch.tensor(out_lengths, dtype=torch.int64, device=self.device)
+            if not long_rows:
+                return self._encode_grouped(features, lengths)
+            outs = dict(zip(long_rows, self._encode_windowed(features, [(i, host[i]) for i in long_rows])))
+            short_rows = [i for i in range(len(host)) if i not in outs]
+            if short_rows:
+                width = max(host[i] for i in short_rows)
+                index = torch.tensor(short_rows, device=self.device)
+                enc, enc_len = self._encode_grouped(features[index, :, :width], lengths.to(self.device)[index])
+                for j, i in enumerate(short_rows):
+                    outs[i] = enc[j, : int(enc_len[j])]
+        width = max(out.shape[0] for out in outs.values())
+        first = outs[long_rows[0]]
+        enc = first.new_zeros(len(host), width, first.shape[-1])
+        for i, out in outs.items():
+            enc[i, : out.shape[0]] = out
+        out_lengths = torch.tensor([outs[i].shape[0] for i in range(len(host))], dtype=torch.int64, device=self.device)
+        return enc, out_lengths
 
     # a group's fixed cost, in encoder frames: launches, and small products that fill the GPU less
     group_overhead_frames = 2000
@@ -247,29 +291,31 @@ class TransducerModel:
             enc_len[index] = out_len
         return enc, enc_len
 
-    def _encode_chunked(self, features: Tensor) -> Tensor:
-        """One long utterance [1, n_mels, T]: overlapping windows encoded in batches, centres stitched."""
+    def _encode_windowed(self, features: Tensor, rows: List[Tuple[int, int]]) -> List[Tensor]:
+        """Long rows (index, valid frames) of ``features`` [B, n_mels, T]: overlapping windows of every
+        row encoded ``chunk_batch`` at a time, each row's window centres stitched -> [T', d_model] per row."""
         factor = self.config.encoder.subsampling_factor
-        total = features.shape[-1]
         chunk, context = self.chunk_frames, self.chunk_context_frames
-        windows = []
-        for start in range(0, total, chunk):
-            end = min(start + chunk, total)
-            windows.append((start, end, max(0, start - context), min(total, end + context)))
-        pieces = []
-        for first in range(0, len(windows), self.chunk_batch):
-            group = windows[first:first + self.chunk_batch]
-            width = max(b - a for _, _, a, b in group)
+        windows = []  # (row, start, end, a, b): [start, end) kept, [a, b) encoded
+        for row, total in rows:
+            for start in range(0, total, chunk):
+                end = min(start + chunk, total)
+                windows.append((row, start, end, max(0, start - context), min(total, end + context)))
+        pieces: Dict[int, List[Tuple[int, Tensor]]] = {row: [] for row, _ in rows}
+        order = sorted(range(len(windows)), key=lambda k: -(windows[k][4] - windows[k][3]))  # similar widths together
+        for first in range(0, len(order), self.chunk_batch):
+            group = [windows[k] for k in order[first:first + self.chunk_batch]]
+            width = max(b - a for *_, a, b in group)
             batch = features.new_zeros(len(group), features.shape[1], width)
-            lengths = torch.tensor([b - a for _, _, a, b in group], dtype=torch.int64, device=features.device)
-            for j, (_, _, a, b) in enumerate(group):
-                batch[j, :, : b - a] = features[0, :, a:b]
+            for j, (row, _, _, a, b) in enumerate(group):
+                batch[j, :, : b - a] = features[row, :, a:b]
+            lengths = torch.tensor([b - a for *_, a, b in group], dtype=torch.int64, device=features.device)
             out, _ = self.network.encoder(batch, lengths)
-            for j, (start, end, a, _) in enumerate(group):
+            for j, (row, start, end, a, _) in enumerate(group):
                 skip = (start - a) // factor
                 keep = -(-(end - start) // factor)
-                pieces.append(out[j, skip:skip + keep])
-        return torch.cat(pieces, dim=0)[None]
+                pieces[row].append((start, out[j, skip:skip + keep]))
+        return [torch.cat([piece for _, piece in sorted(pieces[row], key=lambda x: x[0])]) for row, _ in rows]
 
     # -- transcription -------------------------------------------------------------------------
     def _load(self, audio: AudioInput) -> np.ndarray:
