@@ -163,14 +163,14 @@ def main() -> None:
     print()
     print(f"{'batch':>5} {'audio s':>8} {'tokens':>7} | {'decode: graph':>13} {'K-step':>9} {'eager':>8} {'plain':>9} "
           f"{'speedup':>8} | "
-          f"{'e2e audio-s/s: ostinato':>23} {'plain':>8} | {'encoder':>8} {'TFLOP/s':>8} {'of peak':>7}")
+          f"{'e2e audio-s/s: ostinato':>23} {'plain':>8} | {'features':>8} | {'encoder':>8} {'TFLOP/s':>8} {'of peak':>7}")
     for (batch, audio, tokens, t_feat, t_enc, flops, t_graph, t_kstep, t_eager, t_plain, t_e2e, scaled) in rows:
         plain_e2e = audio / (t_feat + t_enc + t_plain)
         mark = "*" if scaled else " "
         print(f"{batch:>5} {audio:>8.0f} {tokens:>7} | {t_graph * 1e3:>10.1f} ms {t_kstep * 1e3:>6.1f} ms "
               f"{t_eager * 1e3:>5.0f} ms "
               f"{t_plain * 1e3:>6.0f} ms{mark} {t_plain / t_graph:>7.1f}x | {audio / t_e2e:>23.0f} {plain_e2e:>8.0f} | "
-              f"{t_enc * 1e3:>5.0f} ms {flops / t_enc / 1e12:>8.1f} {flops / t_enc / rate:>6.0%}")
+              f"{t_feat * 1e3:>5.0f} ms | {t_enc * 1e3:>5.0f} ms {flops / t_enc / 1e12:>8.1f} {flops / t_enc / rate:>6.0%}")
     print("\n* plain-loop time measured on the first --plain-limit utterances and scaled to the batch")
     print(f"memory: {graph.memory_report()}")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from ostinato.errors import InvalidOptionError, ModelLoadError, UnsupportedCheckpointError
+from ostinato.errors import AudioError, InvalidOptionError, ModelLoadError, UnsupportedCheckpointError
 from ostinato.models.transducer import TransducerModel
 from ostinato.models.transducer.nemo_checkpoint import load_nemo
 from ostinato.models.transducer.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, SentencePieceDecoder
@@ -231,6 +231,44 @@ def test_features_in_several_calls_equal_one_call(tiny):
     assert torch.equal(one_len, many_len)
     assert one.shape == many.shape
     torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
+
+
+def test_length_groups_uploaded_one_by_one_equal_one_batch(tiny):
+    """The pipeline that uploads and encodes one length group at a time gives every row the encoder
+    output of features-then-encode on the whole batch, and the transcript each input gets alone."""
+    model = TransducerModel(tiny, device="cpu")
+    model.group_overhead_frames = 0  # a group per distinct length: several groups from five inputs
+    rng = np.random.default_rng(8)
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (52_000, 9_000, 31_000, 9_500, 70_000)]
+    frames = [n // 160 for n in (52_000, 9_000, 31_000, 9_500, 70_000)]
+    assert len(model._length_groups(frames)) >= 3
+    enc, enc_len = model._encode_samples(audios)
+    ref, ref_len = model.encode(*model.features(audios))
+    assert torch.equal(enc_len, ref_len)
+    for i in range(len(audios)):
+        n = int(ref_len[i])
+        torch.testing.assert_close(enc[i, :n], ref[i, :n], rtol=0, atol=1e-5)
+    model.feature_call_samples = 60_000  # and each group's features in calls of one or two rows
+    split, split_len = model._encode_samples(audios)
+    assert torch.equal(split_len, ref_len)
+    for i in range(len(audios)):
+        n = int(ref_len[i])
+        torch.testing.assert_close(split[i, :n], ref[i, :n], rtol=0, atol=1e-5)
+    together = model.transcribe_batch(audios, batch_size=5, max_symbols=10)
+    alone = [model.transcribe(a, max_symbols=10) for a in audios]
+    assert [(r.tokens, r.frames, r.durations) for r in together] == [(r.tokens, r.frames, r.durations) for r in alone]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_samples_name_the_input(model, bad):
+    rng = np.random.default_rng(9)
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (16_000, 24_000, 8_000)]
+    audios[1][5_000] = bad
+    with pytest.raises(AudioError, match="audio input 1 contains NaN or infinite samples"):
+        model.transcribe_batch(audios, batch_size=3)
+    with pytest.raises(AudioError, match="audio input 0 contains NaN"):
+        model.features(audios[1:])
+    assert model.transcribe_batch([audios[0], audios[2]], batch_size=2)[0].audio_duration == 1.0
 
 
 def test_segments_and_writers(model, tmp_path):

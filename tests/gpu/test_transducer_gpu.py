@@ -215,3 +215,34 @@ def test_graph_decode_differs_from_the_plain_loop_only_at_rounding_ties():
     assert sum(len(h.tokens) for h in hyps) > 2000
     # float16 logits near 50 are 1/32 apart: the run has near-ties, so the rule was put to work
     assert (replay.label_margin[np.isfinite(replay.label_margin)] > 0).sum() > 10
+
+
+def test_uploads_ahead_of_the_encoder_equal_one_batch(data_dir):
+    """The pipeline that fills and copies the next length group's samples (worker thread, side stream)
+    while the device encodes the previous one: each upload holds its samples, and every row's encoder
+    output and transcript equal those of features-then-encode on the whole batch in one call."""
+    from ostinato.runtime import upload_batches
+
+    rng = np.random.default_rng(3)
+    arrays = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (5_000, 91_000, 17, 40_000)]
+    got = list(upload_batches([arrays[:2], arrays[2:], arrays[1:3]], torch.device("cuda")))
+    for batch, rows in zip(got, (arrays[:2], arrays[2:], arrays[1:3])):
+        assert batch.is_cuda and batch.shape == (len(rows), max(a.shape[0] for a in rows))
+        for i, a in enumerate(rows):
+            assert torch.equal(batch[i, : a.shape[0]].cpu(), torch.from_numpy(a))
+            assert not batch[i, a.shape[0]:].any()
+
+    model = TransducerModel(data_dir / "transducer" / "tiny_tdt.nemo", device="cuda", compute_type="float16")
+    model.group_overhead_frames = 0  # several length groups
+    model.feature_call_samples = 150_000  # and some groups in several preprocessor calls
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in
+              (52_000, 9_000, 31_000, 9_500, 70_000, 66_000, 12_345, 48_000)]
+    enc, enc_len = model._encode_samples(audios)
+    ref, ref_len = model.encode(*model.features(audios))
+    assert torch.equal(enc_len, ref_len)
+    for i in range(len(audios)):
+        n = int(ref_len[i])
+        torch.testing.assert_close(enc[i, :n].float(), ref[i, :n].float(), rtol=0, atol=2e-2)
+    together = model.transcribe_batch(audios, batch_size=len(audios), max_symbols=10)
+    hyps = model.decoder.decode(ref, ref_len, 10)
+    assert outputs(together) == [(h.tokens, h.frames, h.durations) for h in hyps]

@@ -29,7 +29,7 @@ _GROUP_SAMPLES = 500_000
 _MAX_CHANNELS = 8
 
 
-def load_audio(source: AudioSource, sampling_rate: int = SAMPLE_RATE) -> np.ndarray:
+def load_audio(source: AudioSource, sampling_rate: int = SAMPLE_RATE, check_finite: bool = True) -> np.ndarray:
     """Return the audio in ``source`` as a 1-D float32 mono array at ``sampling_rate`` Hz.
 
     ``source`` is a path, the bytes of an audio/video file, a binary file object, or the
@@ -38,16 +38,18 @@ def load_audio(source: AudioSource, sampling_rate: int = SAMPLE_RATE) -> np.ndar
     int16 arrays are scaled by 1/32768, and a ``(channels, samples)`` array is averaged.
     Files in any format FFmpeg reads are mixed down to mono and resampled.
 
-    Raises ``AudioError`` when the input is missing, not decodable, or holds no samples.
+    Raises ``AudioError`` when the input is missing, not decodable, or holds no samples, and when
+    in-memory samples hold NaN or infinite values unless ``check_finite`` is false (a caller that
+    checks them itself, on the device, where a batch's check costs nothing).
     """
     if isinstance(source, np.ndarray):
-        return _from_array(source, "numpy array")
+        return _from_array(source, "numpy array", check_finite)
     torch = sys.modules.get("torch")  # a tensor can only exist if torch is imported
     if torch is not None and isinstance(source, torch.Tensor):
         tensor = source.detach().cpu()
         if tensor.is_floating_point():
             tensor = tensor.float()  # numpy has no bfloat16
-        return _from_array(tensor.numpy(), "torch tensor")
+        return _from_array(tensor.numpy(), "torch tensor", check_finite)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _decode(io.BytesIO(bytes(source)), "<bytes>", sampling_rate)
     if isinstance(source, (str, os.PathLike)):
@@ -71,7 +73,7 @@ def audio_duration(samples, sampling_rate: int = SAMPLE_RATE) -> float:
     return float(samples.shape[-1]) / sampling_rate
 
 
-def _from_array(array: np.ndarray, what: str) -> np.ndarray:
+def _from_array(array: np.ndarray, what: str, check_finite: bool = True) -> np.ndarray:
     if array.ndim == 2:
         channels, length = array.shape
         if channels == 1:
@@ -89,7 +91,7 @@ def _from_array(array: np.ndarray, what: str) -> np.ndarray:
     array = _to_float(array, what)
     if array.size == 0:
         raise AudioError(f"the {what} holds no audio samples")
-    if not np.isfinite(array).all():
+    if check_finite and not np.isfinite(array).all():
         raise AudioError(f"the {what} contains NaN or infinite samples")
     return np.ascontiguousarray(array)
 

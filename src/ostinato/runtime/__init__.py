@@ -7,6 +7,7 @@ from .device import (
 from .graphs import DECODE_LOOPS, StepGraph, graphs_supported, loop_rung, resolve_decode_loop
 from .scheduler import RowScheduler, SlotTable, Ticket, store_at
 from .state import DeviceState, concat_rows
+from .uploads import host_values_to_device, padded_host_batch, upload_batches
 from .weights import MemoryReport, duplicated_parameters, memory_report, place_module, storage_bytes
 
 __all__ = [
@@ -24,8 +25,10 @@ __all__ = [
     "default_cpu_threads",
     "duplicated_parameters",
     "graphs_supported",
+    "host_values_to_device",
     "loop_rung",
     "memory_report",
+    "padded_host_batch",
     "parse_device",
     "place_module",
     "resolve_decode_loop",
@@ -35,4 +38,5 @@ __all__ = [
     "storage_bytes",
     "store_at",
     "strict_float32",
+    "upload_batches",
 ]

@@ -255,10 +255,12 @@ class FastConformerEncoder(nn.Module):
     def output_lengths(self, feature_lengths: Tensor) -> Tensor:
         return subsampled_length(feature_lengths, self.cfg.subsampling_factor)
 
-    def forward(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
+    def forward(self, features: Tensor, lengths: Tensor, padded: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
         """features [B, feat, T] -> encoder output [B, T', d_model] (time-major, unlike NeMo), lengths [B].
 
-        Frames past a row's length hold finite values that depend on the padding; read only valid frames.
+        ``padded``: whether any row's output is shorter than T', when the caller knows (otherwise one
+        wait for the device to find out). Frames past a row's length hold finite values that depend on
+        the padding; read only valid frames.
         """
         x, lengths = self.pre_encode(features.transpose(1, 2), lengths)
         if self.xscale is not None:
@@ -266,7 +268,9 @@ class FastConformerEncoder(nn.Module):
         t = x.shape[1]
         pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
         valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
-        if bool((lengths >= t).all()):  # one host sync per forward: no padding, no masks
+        if padded is None:
+            padded = not bool((lengths >= t).all())  # one host sync: no padding, no masks
+        if not padded:
             pad_mask = key_bias = None
         else:
             pad_mask = ~valid

@@ -9,14 +9,16 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...audio import FRAMES_PER_SECOND, load_audio
 from ...checks import check_positive_int
-from ...errors import InvalidOptionError, UnsupportedCheckpointError
+from ...errors import AudioError, InvalidOptionError, UnsupportedCheckpointError
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
-    RowScheduler, memory_report, place_module, resolve_device, resolve_dtype, set_cpu_threads, store_at, strict_float32,
+    RowScheduler, host_values_to_device, memory_report, padded_host_batch, place_module, resolve_device, resolve_dtype,
+    set_cpu_threads, store_at, strict_float32, upload_batches,
 )
 from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
 from .encoder import FastConformerEncoder, encoder_state_from_nemo
@@ -177,40 +179,63 @@ class TransducerModel:
     def features(self, audios: Sequence[np.ndarray]) -> Tuple[Tensor, Tensor]:
         """Mel features [B, n_mels, T] (float32) and their lengths for 1-D sample arrays.
 
-        On CUDA the samples go up through pinned memory, one copy per call, the host filling the next
-        call's rows while the previous copy runs."""
+        On CUDA the samples go up through pinned memory, one copy per call. Raises ``AudioError``
+        naming the first input that holds NaN or infinite samples."""
+        feats, lengths, finite = self._features(audios)
+        self._check_finite(finite, range(len(audios)))
+        return feats, lengths
+
+    def _features(self, audios: Sequence[np.ndarray]) -> Tuple[Tensor, Tensor, Tensor]:
+        """``features`` without waiting for the device: also each row's all-finite flag [B] (bool),
+        for the caller to read when it next synchronises anyway."""
         sizes = [int(a.shape[0]) for a in audios]
-        if max(sizes) * len(sizes) <= self.feature_call_samples:
-            return self.preprocessor(self._upload(audios), torch.tensor(sizes, device=self.device))
-        calls, current, width = [], [], 0
-        for i in sorted(range(len(audios)), key=lambda i: -sizes[i]):
-            width = max(width, sizes[i]) if current else sizes[i]
-            if current and width * (len(current) + 1) > self.feature_call_samples:
-                calls.append(current)
-                current, width = [], sizes[i]
-            current.append(i)
-        calls.append(current)
+        calls = self._feature_calls(list(range(len(audios))), sizes)
+        if len(calls) == 1:
+            return self._preprocess(self._upload(audios), sizes)
         out = lengths = None
+        finite = torch.ones(len(audios), dtype=torch.bool, device=self.device)
         for rows in calls:
-            batch = self._upload([audios[i] for i in rows])
-            feats, feat_len = self.preprocessor(batch, torch.tensor([sizes[i] for i in rows], device=self.device))
+            feats, feat_len, ok = self._preprocess(self._upload([audios[i] for i in rows]), [sizes[i] for i in rows])
             if out is None:  # the first call has the longest rows: its width is the batch's
                 out = feats.new_full((len(audios),) + feats.shape[1:], self.config.preprocessor.pad_value)
                 lengths = feat_len.new_zeros(len(audios))
             index = torch.tensor(rows, device=self.device)
             out[index, :, : feats.shape[-1]] = feats
             lengths[index] = feat_len
-        return out, lengths
+            finite[index] = ok
+        return out, lengths, finite
+
+    def _feature_calls(self, rows: List[int], sizes: List[int]) -> List[List[int]]:
+        """``rows`` in preprocessor calls of at most ``feature_call_samples`` padded samples (longest
+        first when there are several; as given when one call holds them all)."""
+        if max(sizes[i] for i in rows) * len(rows) <= self.feature_call_samples:
+            return [rows]
+        calls, current, width = [], [], 0
+        for i in sorted(rows, key=lambda i: -sizes[i]):
+            width = max(width, sizes[i]) if current else sizes[i]
+            if current and width * (len(current) + 1) > self.feature_call_samples:
+                calls.append(current)
+                current, width = [], sizes[i]
+            current.append(i)
+        calls.append(current)
+        return calls
+
+    def _preprocess(self, batch: Tensor, sizes: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
+        """Features, lengths and all-finite flags of a padded sample batch on the device (no waiting)."""
+        feats, lengths = self.preprocessor(batch, host_values_to_device(sizes, self.device))
+        return feats, lengths, torch.isfinite(batch).all(dim=1)
+
+    @staticmethod
+    def _check_finite(finite: Tensor, inputs: Sequence[int]) -> None:
+        """Raise ``AudioError`` for the first row whose flag is false (``inputs``: the rows' input numbers)."""
+        if not bool(finite.all()):
+            bad = inputs[int(torch.nonzero(~finite)[0])]
+            raise AudioError(f"audio input {bad} contains NaN or infinite samples")
 
     def _upload(self, audios: Sequence[np.ndarray]) -> Tensor:
-        """The padded batch [B, N] float32 on the device, from one host buffer in one copy."""
-        width = max(a.shape[0] for a in audios)
+        """The padded batch [B, N] float32 on the device, from one (pinned) host buffer in one copy."""
         pinned = self.device.type == "cuda"
-        host = torch.empty(len(audios), width, dtype=torch.float32, pin_memory=pinned)
-        for i, a in enumerate(audios):  # torch's copy runs on several threads (a large numpy one on one)
-            host[i, : a.shape[0]].copy_(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)))
-            host[i, a.shape[0]:].zero_()
-        return host.to(self.device, non_blocking=pinned)
+        return padded_host_batch(audios, pinned).to(self.device, non_blocking=pinned)
 
     @torch.inference_mode()
     def encode(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
@@ -240,6 +265,63 @@ class TransducerModel:
             enc[i, : out.shape[0]] = out
         out_lengths = torch.tensor([outs[i].shape[0] for i in range(len(host))], dtype=torch.int64, device=self.device)
         return enc, out_lengths
+
+    @torch.inference_mode()
+    def _encode_samples(self, samples: Sequence[np.ndarray], inputs: Optional[Sequence[int]] = None
+                        ) -> Tuple[Tensor, Tensor]:
+        """Encoder output [B, T', d_model] and lengths for sample arrays, length group by length group:
+        the host fills and uploads one group's samples while the device encodes the one before (the
+        same rows and widths as ``encode(*features(samples))``, so the same results). ``inputs``: the
+        caller's number for each array, for the error naming a non-finite one."""
+        inputs = range(len(samples)) if inputs is None else inputs
+        frames = [int(a.shape[0]) // self.config.preprocessor.hop_length for a in samples]  # feature_lengths
+        if max(frames) > self.max_full_context_frames:
+            feats, lengths, finite = self._features(samples)
+            self._check_finite(finite, inputs)
+            return self.encode(feats, lengths)
+        sizes = [int(a.shape[0]) for a in samples]
+        # the group with the fewest samples first (only its upload finds the device idle), each group
+        # in preprocessor calls; the uploads run ahead of the encoder on a worker thread and a side stream
+        groups = [self._feature_calls(rows, sizes)
+                  for rows in sorted(self._length_groups(frames), key=lambda g: sum(frames[i] for i in g))]
+        uploads = upload_batches([[samples[i] for i in call] for calls in groups for call in calls], self.device)
+        pad_value = self.config.preprocessor.pad_value
+        outs, checks = [], []
+        with strict_float32(self.device, self.dtype):
+            for calls in groups:
+                rows = [i for call in calls for i in call]
+                width = max(1, max(frames[i] for i in rows))
+                parts = [self._preprocess(next(uploads), [sizes[i] for i in call]) for call in calls]
+                feats = torch.cat([F.pad(f[:, :, :width], (0, max(0, width - f.shape[-1])), value=pad_value)
+                                   for f, _, _ in parts]) if len(parts) > 1 else parts[0][0][:, :, :width]
+                lengths = torch.cat([n for _, n, _ in parts]) if len(parts) > 1 else parts[0][1]
+                padded = self._subsampled(min(frames[i] for i in rows)) < self._subsampled(width)
+                out, out_len = self.network.encoder(feats, lengths, padded=padded)
+                outs.append((rows, out, out_len))
+                checks.append((rows, torch.cat([ok for _, _, ok in parts])))
+        for rows, finite in checks:
+            self._check_finite(finite, [inputs[i] for i in rows])
+        if len(outs) == 1:
+            _, enc, enc_len = outs[0]
+            return enc, enc_len
+        return self._gather_groups(len(samples), outs)
+
+    def _gather_groups(self, batch: int, outs: List[Tuple[List[int], Tensor, Tensor]]) -> Tuple[Tensor, Tensor]:
+        """One padded [batch, T', d_model] output (and lengths) from groups' (rows, output, lengths)."""
+        width = max(out.shape[1] for _, out, _ in outs)
+        enc = outs[0][1].new_zeros(batch, width, outs[0][1].shape[-1])
+        enc_len = torch.zeros(batch, dtype=torch.int64, device=self.device)
+        for rows, out, out_len in outs:
+            index = torch.tensor(rows, device=self.device)
+            enc[index, : out.shape[1]] = out
+            enc_len[index] = out_len
+        return enc, enc_len
+
+    def _subsampled(self, frames: int) -> int:
+        """Encoder frames of ``frames`` feature frames (the host's copy of ``subsampled_length``)."""
+        for _ in range(int(math.log2(self.config.encoder.subsampling_factor))):
+            frames = (frames - 1) // 2 + 1
+        return frames
 
     # a group's fixed cost, in encoder frames: launches, and small products that fill the GPU less
     group_overhead_frames = 2000
@@ -276,20 +358,14 @@ class TransducerModel:
         lengths = lengths.to(self.device)
         groups = self._length_groups(host)
         if len(groups) == 1:
-            return self.network.encoder(features, lengths)
+            return self.network.encoder(features[:, :, : max(1, max(host))], lengths)
         outs = []
         for rows in groups:
-            width = max(host[i] for i in rows)
+            width = max(1, max(host[i] for i in rows))
             index = torch.tensor(rows, device=self.device)
             out, out_len = self.network.encoder(features[index, :, :width], lengths[index])
-            outs.append((index, out, out_len))
-        width = max(out.shape[1] for _, out, _ in outs)
-        enc = outs[0][1].new_zeros(features.shape[0], width, outs[0][1].shape[-1])
-        enc_len = torch.zeros(features.shape[0], dtype=torch.int64, device=self.device)
-        for index, out, out_len in outs:
-            enc[index, : out.shape[1]] = out
-            enc_len[index] = out_len
-        return enc, enc_len
+            outs.append((rows, out, out_len))
+        return self._gather_groups(features.shape[0], outs)
 
     def _encode_windowed(self, features: Tensor, rows: List[Tuple[int, int]]) -> List[Tensor]:
         """Long rows (index, valid frames) of ``features`` [B, n_mels, T]: overlapping windows of every
@@ -319,7 +395,9 @@ class TransducerModel:
 
     # -- transcription -------------------------------------------------------------------------
     def _load(self, audio: AudioInput) -> np.ndarray:
-        return load_audio(audio, self.sample_rate)
+        # finiteness is checked on the device, with the upload (a host pass over every sample costs
+        # more than the encoder's first layer at large batches)
+        return load_audio(audio, self.sample_rate, check_finite=False)
 
     def _result(self, hyp: Hypothesis, samples: int) -> TransducerResult:
         fs = self.frame_seconds
@@ -379,7 +457,7 @@ class TransducerModel:
         run = None
         scheduler = RowScheduler(lambda _: run)
         for ids in groups:
-            enc, enc_len = self.encode(*self.features([samples[i] for i in ids]))
+            enc, enc_len = self._encode_samples([samples[i] for i in ids], ids)
             if run is None:  # the longest inputs come first: their frames size the run
                 rows = self.decoder.bucket(min(batch_size, len(samples)))
                 run = self.decoder.open_run(rows, max(enc.shape[1], 1), max_symbols)

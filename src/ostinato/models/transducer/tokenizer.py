@@ -81,6 +81,8 @@ class SentencePieceDecoder:
             raise ValueError("no pieces")
         self.pieces = [p for p, _ in pieces]
         self.types = [t for _, t in pieces]
+        # ids whose text is their piece (no byte merging, nothing dropped): most transcripts hold only these
+        self._plain = frozenset(i for i, t in enumerate(self.types) if t not in (BYTE, CONTROL, UNUSED, UNKNOWN))
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "tokenizer.model") -> "SentencePieceDecoder":
@@ -100,6 +102,10 @@ class SentencePieceDecoder:
         return self.pieces[i]
 
     def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        if self._plain.issuperset(ids):  # the rules below, in one join
+            text = "".join([self.pieces[i] for i in ids])
+            return (text[1:] if text.startswith(SPACE) else text).replace(SPACE, " ")
         out: List[str] = []
         pending = bytearray()
         at_start = True  # the dummy-prefix space of the first word is not part of the text

@@ -1,0 +1,31 @@
+"""runtime.uploads on the CPU: padded batches in order, rows zero-padded, values unchanged (the CUDA
+path, worker thread and side stream, is tests/gpu/test_transducer_gpu.py's)."""
+import numpy as np
+import torch
+
+from ostinato.runtime import host_values_to_device, padded_host_batch, upload_batches
+
+
+def test_padded_host_batch_pads_with_zeros_and_casts():
+    arrays = [np.arange(1, 4, dtype=np.float32), np.array([7, -2], dtype=np.float64), np.ones(5, np.float32)]
+    got = padded_host_batch(arrays, pinned=False)
+    assert got.dtype == torch.float32 and got.shape == (3, 5)
+    assert got.tolist() == [[1, 2, 3, 0, 0], [7, -2, 0, 0, 0], [1, 1, 1, 1, 1]]
+
+
+def test_upload_batches_in_order_on_the_cpu():
+    rng = np.random.default_rng(0)
+    batches = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for sizes in ((3, 9), (4,), (2, 2, 6))]
+    got = list(upload_batches(batches, torch.device("cpu")))
+    assert len(got) == 3
+    for batch, arrays in zip(got, batches):
+        assert batch.shape == (len(arrays), max(a.shape[0] for a in arrays))
+        for i, a in enumerate(arrays):
+            assert torch.equal(batch[i, : a.shape[0]], torch.from_numpy(a))
+            assert not batch[i, a.shape[0]:].any()
+    assert list(upload_batches([], torch.device("cpu"))) == []
+
+
+def test_host_values_to_device():
+    got = host_values_to_device([3, 0, 12], torch.device("cpu"))
+    assert got.dtype == torch.int64 and got.tolist() == [3, 0, 12]
