@@ -84,7 +84,7 @@ def main() -> None:
         print(f"  {name:<28} {s * 1e3:8.1f} ms")
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=False) as prof:
         t0 = time.perf_counter()
         m.transcribe_batch(audios, batch_size=args.batch)
         torch.cuda.synchronize()
@@ -96,6 +96,15 @@ def main() -> None:
           f"first..last GPU work {(busy[-1][1] - busy[0][0]) / 1e3:.1f} ms")
     print("largest GPU idle gaps (ms, at ms after the first GPU work): "
           + ", ".join(f"{g:.1f}@{at:.0f}" for g, at in gaps[::-1][:12]))
+    # what the host was doing during the largest gap: the longest host ops that overlap it
+    if len(busy) > 1:
+        i = max(range(len(busy) - 1), key=lambda k: busy[k + 1][0] - busy[k][1])
+        lo, hi = busy[i][1], busy[i + 1][0]
+        ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
+               and e.time_range.start < hi and e.time_range.end > lo]
+        ops.sort(key=lambda e: -(min(e.time_range.end, hi) - max(e.time_range.start, lo)))
+        print(f"host ops during the largest gap ({(hi - lo) / 1e3:.1f} ms): " + ", ".join(
+            f"{e.name} {(min(e.time_range.end, hi) - max(e.time_range.start, lo)) / 1e3:.1f}" for e in ops[:15]))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 

@@ -29,3 +29,9 @@ def test_upload_batches_in_order_on_the_cpu():
 def test_host_values_to_device():
     got = host_values_to_device([3, 0, 12], torch.device("cpu"))
     assert got.dtype == torch.int64 and got.tolist() == [3, 0, 12]
+
+
+def test_prepare_gets_each_batch_and_its_arrays():
+    batches = [[np.ones(3, np.float32), np.ones(1, np.float32)], [np.full(2, 2.0, np.float32)]]
+    got = list(upload_batches(batches, torch.device("cpu"), prepare=lambda batch, arrays: (batch.sum(1), len(arrays))))
+    assert [(s.tolist(), n) for s, n in got] == [([3.0, 1.0], 2), ([4.0], 1)]

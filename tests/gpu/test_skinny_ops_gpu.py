@@ -81,6 +81,11 @@ def test_add_layer_norm_matches(m, dtype):
     assert ((y.float() - t).abs() <= ulp).all()
     same, y2 = skinny.add_layer_norm(x, None, w, b)  # plain LayerNorm of the updated x
     assert same is x and ((y2.float() - F.layer_norm(x, (D,), w, b, 1e-5).float()).abs() <= ulp).all()
+    # a scaled update (the FastConformer's half-step feed-forward): stored as x.add_(u, alpha=0.5) stores it
+    half_ref = x.clone().add_(u, alpha=0.5)
+    new_x, y3 = skinny.add_layer_norm(x, u, w, b, out_residual=x, alpha=0.5)
+    assert new_x is x and torch.equal(x, half_ref)
+    assert rel_err(y3, F.layer_norm(half_ref.double(), (D,), w.double(), b.double(), 1e-5)) < TOLERANCE[dtype]
 
 
 def test_first_calls_do_not_sync():

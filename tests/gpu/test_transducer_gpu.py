@@ -231,6 +231,13 @@ def test_uploads_ahead_of_the_encoder_equal_one_batch(data_dir):
         for i, a in enumerate(rows):
             assert torch.equal(batch[i, : a.shape[0]].cpu(), torch.from_numpy(a))
             assert not batch[i, a.shape[0]:].any()
+    # with a first step on the side stream, its outputs read on the caller's stream (big enough
+    # batches that a missing wait would read unfinished sums)
+    big = [[rng.standard_normal(2_000_000).astype(np.float32) for _ in range(4)] for _ in range(5)]
+    sums = list(upload_batches(big, torch.device("cuda"), prepare=lambda batch, arrays: (batch * 2).sum(1)))
+    for s, arrays in zip(sums, big):
+        torch.testing.assert_close(s.cpu(), torch.tensor([2 * a.astype(np.float64).sum() for a in arrays]).float(),
+                                   rtol=1e-4, atol=1e-2)
 
     model = TransducerModel(data_dir / "transducer" / "tiny_tdt.nemo", device="cuda", compute_type="float16")
     model.group_overhead_frames = 0  # several length groups

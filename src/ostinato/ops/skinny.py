@@ -139,11 +139,11 @@ if HAVE_TRITON:
                       HAS_BIAS, GELU, HAS_RES)
 
     @triton.jit
-    def _add_layer_norm_kernel(x_ptr, u_ptr, w_ptr, b_ptr, nx_ptr, y_ptr, N, eps, sxm, sum_, snm, sym,
+    def _add_layer_norm_kernel(x_ptr, u_ptr, w_ptr, b_ptr, nx_ptr, y_ptr, N, eps, alpha, sxm, sum_, snm, sym,
                                BLOCK: tl.constexpr, HAS_U: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                                PDL: tl.constexpr):
-        """Row r: new_x = x + u rounded to the dtype (what the unfused ``x + u`` stores, and what the
-        next layer adds to), then LayerNorm of that rounded row in float32."""
+        """Row r: new_x = x + alpha * u rounded to the dtype (what the unfused ``x.add_(u, alpha=alpha)``
+        stores, and what the next layer adds to), then LayerNorm of that rounded row in float32."""
         if PDL:
             pdl_enter()
         row = tl.program_id(0).to(tl.int64)
@@ -154,7 +154,7 @@ if HAVE_TRITON:
             # float32 sum then one rounding: float32 holds > 2p+2 bits of a half/bfloat16 p, so this
             # equals the correctly rounded sum that PyTorch stores
             u = tl.load(u_ptr + row * sum_ + cols, mask=ok, other=0.0)
-            x = (x.to(tl.float32) + u.to(tl.float32)).to(nx_ptr.dtype.element_ty)
+            x = (x.to(tl.float32) + alpha * u.to(tl.float32)).to(nx_ptr.dtype.element_ty)
             tl.store(nx_ptr + row * snm + cols, x, mask=ok)
         v = x.to(tl.float32)
         mean = tl.sum(v, axis=0) / N
@@ -186,8 +186,8 @@ def _rows(t: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
 
 def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight: torch.Tensor | None,
                    bias: torch.Tensor | None, eps: float = 1e-5, *, out_residual: torch.Tensor | None = None,
-                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(new_x, LayerNorm(new_x)) with new_x = x + residual_update, in one launch.
+                   out: torch.Tensor | None = None, alpha: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(new_x, LayerNorm(new_x)) with new_x = x + alpha * residual_update, in one launch.
 
     x, residual_update [..., N] (any row strides, contiguous last dimension), same dtype; weight and
     bias [N] (any float dtype) or None. new_x is rounded to x's dtype exactly as ``x + residual_update``
@@ -213,7 +213,7 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
         raise ValueError(f"add_layer_norm: outputs must have x's shape {tuple(x.shape)}")
     block = triton.next_power_of_2(n)
     _add_layer_norm_kernel[(x2.shape[0],)](
-        x2, u2, weight if weight is not None else x2, bias if bias is not None else x2, nx2, y2, n, eps,
+        x2, u2, weight if weight is not None else x2, bias if bias is not None else x2, nx2, y2, n, eps, float(alpha),
         x2.stride(0), u2.stride(0), nx2.stride(0), y2.stride(0), BLOCK=block,
         HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None,
         num_warps=max(1, min(8, block // 256)), **pdl_options(x.device))  # ~8 elements per thread

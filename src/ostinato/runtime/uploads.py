@@ -1,11 +1,12 @@
 """Host arrays to the device without stalling it: padded batches filled into pinned memory by a worker
-thread and copied on a side stream, so that the host's fill and the copy of one batch overlap the
-device's work on the batch before. On the CPU the same calls give plain padded tensors."""
+thread, copied (and optionally first processed) on a side stream, so that the host's fill, the copy
+and that first step of one batch overlap the device's work on the batch before. On the CPU the same
+calls give plain padded tensors."""
 from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator, List, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -31,31 +32,58 @@ def host_values_to_device(values: List[int], device: torch.device) -> Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def upload_batches(batches: Iterable[Sequence[np.ndarray]], device: torch.device, ahead: int = 2) -> Iterator[Tensor]:
+def upload_batches(batches: Iterable[Sequence[np.ndarray]], device: torch.device, ahead: int = 2,
+                   prepare: Optional[Callable[[Tensor, Sequence[np.ndarray]], Any]] = None) -> Iterator[Any]:
     """Each batch of 1-D arrays as a padded [B, longest] float32 tensor on ``device``, in order, ready
-    for the current stream. On CUDA up to ``ahead`` batches are filled and copied ahead of the one
-    the caller is using: the caller's stream waits for a batch's copy only when it is yielded."""
+    for the current stream; or what ``prepare(batch, arrays)`` makes of it (tensors, or a tuple or
+    list of them), run right after the copy on the same stream.
+
+    On CUDA a worker thread fills up to ``ahead`` batches into pinned memory ahead of the caller, and
+    the next batch's copy and ``prepare`` are launched on a side stream before the current one is
+    yielded: they run while the caller's stream works on the current batch, which waits only for its
+    own batch's event."""
     if device.type != "cuda":
         for arrays in batches:
-            yield padded_host_batch(arrays, pinned=False).to(device)
+            batch = padded_host_batch(arrays, pinned=False).to(device)
+            yield batch if prepare is None else prepare(batch, arrays)
         return
     consumer = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
-    pending: deque = deque()
     batches = iter(batches)
+    filling: deque = deque()  # (arrays, future of the pinned batch)
+    launched: deque = deque()  # (result, event) whose copy and prepare are on the side stream
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-upload") as pool:
-        def start_next() -> None:
+        def fill_next() -> None:
             arrays = next(batches, None)
             if arrays is not None:
-                pending.append(pool.submit(padded_host_batch, arrays, True))
+                filling.append((arrays, pool.submit(padded_host_batch, arrays, True)))
 
-        for _ in range(max(1, ahead)):
-            start_next()
-        while pending:
-            host = pending.popleft().result()
-            start_next()
+        def launch_next() -> None:
+            if not filling:
+                return
+            arrays, future = filling.popleft()
+            fill_next()
+            host = future.result()
             with torch.cuda.stream(side):
                 batch = host.to(device, non_blocking=True)
-            consumer.wait_stream(side)
-            batch.record_stream(consumer)  # allocated on the side stream, read on the consumer's
-            yield batch
+                result = batch if prepare is None else prepare(batch, arrays)
+                done = torch.cuda.Event()
+                done.record(side)
+            for tensor in _tensors(result):  # made on the side stream, read on the consumer's
+                tensor.record_stream(consumer)
+            launched.append((result, done))
+
+        for _ in range(max(1, ahead)):
+            fill_next()
+        launch_next()
+        while launched:
+            launch_next()  # the next batch's copy and prepare go ahead of the caller's work on this one
+            result, done = launched.popleft()
+            consumer.wait_event(done)
+            yield result
+
+
+def _tensors(result) -> List[Tensor]:
+    if isinstance(result, Tensor):
+        return [result]
+    return [t for t in result if isinstance(t, Tensor)] if isinstance(result, (tuple, list)) else []

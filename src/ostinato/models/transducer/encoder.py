@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...ops import skinny
 from ...ops.triton_support import kernels_can_run
 from . import kernels
 from .nemo_checkpoint import EncoderConfig
@@ -237,6 +238,15 @@ class ConformerLayer(nn.Module):
     def forward(self, x: Tensor, pos_emb: Tensor, key_bias: Optional[Tensor], pad_mask: Optional[Tensor],
                 lengths: Tensor) -> Tensor:
         """x is the layer's own residual stream (updated in place)."""
+        if kernels_can_run(x, x.dtype, interpreter=True):
+            # CUDA half: each residual add and the next LayerNorm in one pass (one read of the stream less)
+            h = self.norm_ff1(x)
+            for block, alpha, norm in ((lambda h: self.ff1(h), 0.5, self.norm_att),
+                                       (lambda h: self.attn(h, pos_emb, key_bias), 1.0, self.norm_conv),
+                                       (lambda h: self.conv(h, pad_mask, lengths), 1.0, self.norm_ff2),
+                                       (lambda h: self.ff2(h), 0.5, self.norm_out)):
+                x, h = skinny.add_layer_norm(x, block(h), norm.weight, norm.bias, norm.eps, out_residual=x, alpha=alpha)
+            return h
         x = x.add_(self.ff1(self.norm_ff1(x)), alpha=0.5)
         x = x.add_(self.attn(self.norm_att(x), pos_emb, key_bias))
         x = x.add_(self.conv(self.norm_conv(x), pad_mask, lengths))

@@ -284,14 +284,16 @@ class TransducerModel:
         # in preprocessor calls; the uploads run ahead of the encoder on a worker thread and a side stream
         groups = [self._feature_calls(rows, sizes)
                   for rows in sorted(self._length_groups(frames), key=lambda g: sum(frames[i] for i in g))]
-        uploads = upload_batches([[samples[i] for i in call] for calls in groups for call in calls], self.device)
+        # features too on the side stream: the preprocessor of one call runs beside the encoder of the last
+        prepared = upload_batches([[samples[i] for i in call] for calls in groups for call in calls], self.device,
+                                  prepare=lambda batch, arrays: self._preprocess(batch, [a.shape[0] for a in arrays]))
         pad_value = self.config.preprocessor.pad_value
         outs, checks = [], []
         with strict_float32(self.device, self.dtype):
             for calls in groups:
                 rows = [i for call in calls for i in call]
                 width = max(1, max(frames[i] for i in rows))
-                parts = [self._preprocess(next(uploads), [sizes[i] for i in call]) for call in calls]
+                parts = [next(prepared) for _ in calls]
                 feats = torch.cat([F.pad(f[:, :, :width], (0, max(0, width - f.shape[-1])), value=pad_value)
                                    for f, _, _ in parts]) if len(parts) > 1 else parts[0][0][:, :, :width]
                 lengths = torch.cat([n for _, n, _ in parts]) if len(parts) > 1 else parts[0][1]
@@ -406,10 +408,19 @@ class TransducerModel:
             tokens=hyp.tokens,
             frames=hyp.frames,
             durations=hyp.durations,
-            timestamps=[round(f * fs, 3) for f in hyp.frames],
+            timestamps=self._frame_times(hyp.frames),
             audio_duration=samples / self.sample_rate,
             frame_seconds=fs,
         )
+
+    def _frame_times(self, frames: List[int]) -> List[float]:
+        """Each frame's start in seconds, to the millisecond, from a table grown as needed (rounding
+        every token's time took most of the time of building a batch's results)."""
+        table = self.__dict__.setdefault("_times", [])
+        if frames and max(frames) >= len(table):
+            fs = self.frame_seconds
+            table.extend(round(f * fs, 3) for f in range(len(table), 2 * max(frames) + 1))
+        return [table[f] for f in frames]
 
     def _check_max_symbols(self, max_symbols: Optional[int]) -> int:
         if max_symbols is None:
