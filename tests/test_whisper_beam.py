@@ -134,8 +134,9 @@ def test_sampling_scores_untempered_log_probs(model, data_dir):
     (greedy,) = model.decode(features, [request], suppress, begin, SearchOptions())
     (cold,) = model.decode(features, [request], suppress, begin, SearchOptions(temperature=1e-6, num_hypotheses=3))
     assert cold.tokens == greedy.tokens
-    assert cold.sum_logprob == pytest.approx(greedy.sum_logprob, abs=1e-5)
-    assert cold.score == pytest.approx(normalized_score(greedy.sum_logprob, len(greedy.tokens), 1.0), abs=1e-6)
+    # (one row and three take different float32 products on the CPU: the sums agree to float32 noise)
+    assert cold.sum_logprob == pytest.approx(greedy.sum_logprob, abs=1e-4)
+    assert cold.score == pytest.approx(normalized_score(greedy.sum_logprob, len(greedy.tokens), 1.0), abs=1e-5)
 
 
 # --- the beam search itself ---------------------------------------------------------------------

@@ -308,7 +308,13 @@ class TextDecoder(nn.Module):
         if x.device.type == "cpu" and b * t <= CPU_SKINNY_ROWS:
             # A few rows on the CPU: MKL's weight @ x^T streams the [n_vocab, d] weight once, where
             # x @ weight^T takes up to twice as long (the last bits may differ: another summation order).
-            return torch.mm(weight, x.reshape(b * t, -1).T).T.contiguous().view(b, t, -1).float()
+            # One row goes in as two (itself twice): MKL's one-column path took 3.5x as long as two
+            # columns on a 2-core EPYC (8.0 against 2.3 ms for tiny.en).
+            rows = x.reshape(b * t, -1)
+            if b * t == 1:
+                rows = torch.cat([rows, rows])
+            product = torch.mm(weight, rows.T)[:, : b * t]
+            return product.T.contiguous().view(b, t, -1).float()
         return (x @ weight.T).float()
 
     def forward_with_cross_scores(
