@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ostinato.models.whisper.config import WhisperDims
-from ostinato.models.whisper.modules import CPU_SKINNY_ROWS, Whisper
+from ostinato.models.whisper.modules import Whisper
+from ostinato.ops.cpu_linear import FEW_ROWS
 from ostinato.testing.random_models import random_whisper_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,13 +57,14 @@ def test_shared_cross_attention_and_filled_keys_give_the_plain_step(decoder):
 
 
 def test_few_rows_project_like_many(decoder):
-    # Up to CPU_SKINNY_ROWS rows the vocabulary projection is weight @ x^T: the same logits, up to
-    # the last bits, as the rows get inside a larger call.
-    tokens, positions, caches, cross = _inputs(windows=CPU_SKINNY_ROWS + 2, beams=1)
+    # Up to FEW_ROWS rows the vocabulary projection is weight @ x^T (one row as two): the same
+    # logits, up to the last bits, as the rows get inside a larger call.
+    tokens, positions, caches, cross = _inputs(windows=FEW_ROWS + 2, beams=1)
     many, _ = _run(decoder, tokens, positions, caches, cross)
-    few, _ = _run(decoder, tokens[:5], positions[:5], [c[:5] for c in caches], [c[:5] for c in cross])
-    assert torch.allclose(few, many[:5], rtol=0, atol=1e-5)
-    assert torch.equal(few.argmax(-1), many[:5].argmax(-1))
+    for rows in (1, 5):
+        few, _ = _run(decoder, tokens[:rows], positions[:rows], [c[:rows] for c in caches], [c[:rows] for c in cross])
+        assert torch.allclose(few, many[:rows], rtol=0, atol=1e-5)
+        assert torch.equal(few.argmax(-1), many[:rows].argmax(-1))
 
 
 def test_loading_a_model_does_not_import_the_compiler():

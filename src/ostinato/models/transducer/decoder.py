@@ -11,6 +11,7 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor, nn
 
+from ...ops import cpu_linear
 from .nemo_checkpoint import TransducerConfig
 
 
@@ -31,7 +32,7 @@ class PredictionNetwork(nn.Module):
         x = self.embed(labels)
         hs, cs = [], []
         for layer in range(self.num_layers):
-            gates = torch.addmm(self.biases[layer], torch.cat((x, h[layer]), dim=-1), self.weights[layer].t())
+            gates = cpu_linear.linear(torch.cat((x, h[layer]), dim=-1), self.weights[layer], self.biases[layer])
             i, f, g, o = gates.chunk(4, dim=-1)
             c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
             x = torch.sigmoid(o) * torch.tanh(c_new)
@@ -57,11 +58,11 @@ class Joint(nn.Module):
         return self.enc(f)
 
     def project_prediction(self, g: Tensor) -> Tensor:
-        return self.pred(g)
+        return cpu_linear.linear(g, self.pred.weight, self.pred.bias)
 
     def forward(self, f_proj: Tensor, g_proj: Tensor) -> Tensor:
         """Logits over labels + blank (+ TDT durations) from projected encoder and prediction outputs."""
-        return self.out(self.activation(f_proj + g_proj))
+        return cpu_linear.linear(self.activation(f_proj + g_proj), self.out.weight, self.out.bias)
 
 
 def decoder_state_from_nemo(sd: Dict[str, Tensor], cfg: TransducerConfig) -> Dict[str, Tensor]:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...ops import decode_attention as attention_ops
-from ...ops import skinny
+from ...ops import cpu_linear, skinny
 from ...ops.triton_support import kernels_can_run
 from .config import WhisperDims
 
@@ -35,7 +35,6 @@ def fused_step_enabled(x: Tensor, head_dim: int) -> bool:
     return fused_step_supported(x.device, x.dtype, head_dim)
 
 
-CPU_SKINNY_ROWS = 8  # up to this many rows, the CPU's vocabulary projection is weight @ x^T
 
 
 def _on_meta() -> bool:
@@ -305,16 +304,8 @@ class TextDecoder(nn.Module):
                              cross_group, keys)
         x = self.ln(x)
         weight = self.token_embedding.weight
-        if x.device.type == "cpu" and b * t <= CPU_SKINNY_ROWS:
-            # A few rows on the CPU: MKL's weight @ x^T streams the [n_vocab, d] weight once, where
-            # x @ weight^T takes up to twice as long (the last bits may differ: another summation order).
-            # One row goes in as two (itself twice): MKL's one-column path took 3.5x as long as two
-            # columns on a 2-core EPYC (8.0 against 2.3 ms for tiny.en).
-            rows = x.reshape(b * t, -1)
-            if b * t == 1:
-                rows = torch.cat([rows, rows])
-            product = torch.mm(weight, rows.T)[:, : b * t]
-            return product.T.contiguous().view(b, t, -1).float()
+        if x.device.type == "cpu":  # a few rows in the orientation MKL runs fast (see ops.cpu_linear)
+            return cpu_linear.linear(x, weight).float()
         return (x @ weight.T).float()
 
     def forward_with_cross_scores(
