@@ -22,10 +22,11 @@ from .nemo_checkpoint import EncoderConfig
 _MASK_VALUE = -10000.0  # NeMo's INF_VAL
 
 
-def subsampled_length(lengths: Tensor, factor: int) -> Tensor:
-    """Output length of ``log2(factor)`` stride-2, kernel-3, padding-1 convolutions."""
+def subsampled_length(lengths, factor: int):
+    """Output length of ``log2(factor)`` stride-2, kernel-3, padding-1 convolutions (a tensor of
+    lengths, or one length as an int)."""
     for _ in range(int(math.log2(factor))):
-        lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+        lengths = (lengths - 1) // 2 + 1  # floor division, for tensors and ints alike
     return lengths
 
 

@@ -21,7 +21,7 @@ from ...runtime import (
     set_cpu_threads, store_at, strict_float32, upload_batches,
 )
 from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
-from .encoder import FastConformerEncoder, encoder_state_from_nemo
+from .encoder import FastConformerEncoder, encoder_state_from_nemo, subsampled_length
 from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder, Utterance, check_max_symbols
 from .nemo_checkpoint import TransducerConfig, load_nemo
 from .preprocessor import MelPreprocessor
@@ -140,6 +140,7 @@ class TransducerModel:
         self.dtype = resolve_dtype(compute_type, self.device)
         self.model_path = path
         self.config = cfg
+        self._frame_time_table: List[float] = []  # round(frame * frame_seconds, 3), grown by _frame_times
         self.tokenizer = tokenizer
         self.preprocessor = place_module(preprocessor, self.device, torch.float32)
         self.network = place_module(network, self.device, self.dtype)
@@ -297,7 +298,8 @@ class TransducerModel:
                 feats = torch.cat([F.pad(f[:, :, :width], (0, max(0, width - f.shape[-1])), value=pad_value)
                                    for f, _, _ in parts]) if len(parts) > 1 else parts[0][0][:, :, :width]
                 lengths = torch.cat([n for _, n, _ in parts]) if len(parts) > 1 else parts[0][1]
-                padded = self._subsampled(min(frames[i] for i in rows)) < self._subsampled(width)
+                factor = self.config.encoder.subsampling_factor
+                padded = subsampled_length(min(frames[i] for i in rows), factor) < subsampled_length(width, factor)
                 out, out_len = self.network.encoder(feats, lengths, padded=padded)
                 outs.append((rows, out, out_len))
                 checks.append((rows, torch.cat([ok for _, _, ok in parts])))
@@ -318,12 +320,6 @@ class TransducerModel:
             enc[index, : out.shape[1]] = out
             enc_len[index] = out_len
         return enc, enc_len
-
-    def _subsampled(self, frames: int) -> int:
-        """Encoder frames of ``frames`` feature frames (the host's copy of ``subsampled_length``)."""
-        for _ in range(int(math.log2(self.config.encoder.subsampling_factor))):
-            frames = (frames - 1) // 2 + 1
-        return frames
 
     # a group's fixed cost, in encoder frames: launches, and small products that fill the GPU less
     group_overhead_frames = 2000
@@ -416,7 +412,7 @@ class TransducerModel:
     def _frame_times(self, frames: List[int]) -> List[float]:
         """Each frame's start in seconds, to the millisecond, from a table grown as needed (rounding
         every token's time took most of the time of building a batch's results)."""
-        table = self.__dict__.setdefault("_times", [])
+        table = self._frame_time_table
         if frames and max(frames) >= len(table):
             fs = self.frame_seconds
             table.extend(round(f * fs, 3) for f in range(len(table), 2 * max(frames) + 1))

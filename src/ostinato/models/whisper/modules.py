@@ -35,8 +35,6 @@ def fused_step_enabled(x: Tensor, head_dim: int) -> bool:
     return fused_step_supported(x.device, x.dtype, head_dim)
 
 
-
-
 def _on_meta() -> bool:
     """Whether modules are being built on the meta device (``from_state_dict``: the checkpoint brings
     the values). There, computed or random initial values are skipped: their meta kernels are
@@ -303,10 +301,8 @@ class TextDecoder(nn.Module):
             x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, cross_k[i], cross_v[i],
                              cross_group, keys)
         x = self.ln(x)
-        weight = self.token_embedding.weight
-        if x.device.type == "cpu":  # a few rows in the orientation MKL runs fast (see ops.cpu_linear)
-            return cpu_linear.linear(x, weight).float()
-        return (x @ weight.T).float()
+        # x @ weight.T; on the CPU a few rows in the orientation MKL runs fast (see ops.cpu_linear)
+        return cpu_linear.linear(x, self.token_embedding.weight).float()
 
     def forward_with_cross_scores(
         self, tokens: Tensor, cross_k: List[Tensor], cross_v: List[Tensor], heads: Sequence[Tuple[int, int]]
