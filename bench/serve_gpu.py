@@ -44,10 +44,13 @@ OPTIONS = dict(beam_size=1, best_of=1, temperature=0.0, language="en", condition
 
 
 # -- the audio ---------------------------------------------------------------------------------
-def speech(seconds_needed: float) -> np.ndarray:
-    """The test clips end to end (speech, noise, silence), or seeded tones and noise without them."""
+def speech(seconds_needed: float, recording=None) -> np.ndarray:
+    """``recording``, or the test clips end to end (speech, noise, silence), or seeded tones and noise
+    without them."""
     from ostinato.audio import load_audio
 
+    if recording:
+        return load_audio(recording)
     clips = sorted((ROOT / "tests" / "data" / "clips").glob("*.flac"))
     if clips:
         return np.concatenate([load_audio(str(c)) for c in clips])
@@ -70,13 +73,18 @@ def wav_bytes(samples: np.ndarray) -> bytes:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(RATE)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+        w.writeframes(_int16(samples).tobytes())
     return out.getvalue()
+
+
+def _int16(samples: np.ndarray) -> np.ndarray:
+    # scaled by 32768 and rounded, the inverse of the decoder's 1/32768: a round trip is exact
+    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype(np.int16)
 
 
 def int16_round_trip(samples: np.ndarray) -> np.ndarray:
     """What the server decodes from the WAV upload: offline gets the very same samples."""
-    return (np.clip(samples, -1, 1) * 32767).astype(np.int16).astype(np.float32) / 32768.0
+    return _int16(samples).astype(np.float32) / 32768.0
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -167,6 +175,12 @@ def load(url: str, requests, concurrency: int, fields: dict) -> dict:
                 p99=short[min(len(short) - 1, int(round(0.99 * (len(short) - 1))))], texts=texts)
 
 
+def _first_difference(served: str, offline: str) -> str:
+    at = next((k for k, (a, b) in enumerate(zip(served, offline)) if a != b), min(len(served), len(offline)))
+    return (f"differs at character {at} of {len(offline)}: server {served[max(0, at - 30):at + 50]!r}, "
+            f"offline {offline[max(0, at - 30):at + 50]!r}")
+
+
 def medians(runs) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in ("rate", "rps", "p50", "p99")}
 
@@ -184,6 +198,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="the shared server's rows (default: 16)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per window at most (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell; medians (default: 3)")
+    parser.add_argument("--speech", default=None,
+                        help="a recording to cut the requests from instead of the test clips (a 16-kHz mono "
+                             "16-bit WAV needs no PyAV)")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny random weights, a few short requests")
     args = parser.parse_args()
     if args.smoke:
@@ -196,13 +213,15 @@ def main() -> None:
     from ostinato import load_model
     from ostinato.testing.random_models import random_whisper_checkpoint
 
-    source = speech(args.long_seconds)
+    source = speech(args.long_seconds, args.speech)
     rng = np.random.default_rng(0)
     audio = [int16_round_trip(cut(source, 5.0, 7.3 * i)) for i in range(args.short)]
     audio += [int16_round_trip(cut(source, args.long_seconds, 61.0 * i)) for i in range(args.long)]
     kinds = ["short"] * args.short + ["long"] * args.long
     order = rng.permutation(len(audio))  # the long ones somewhere among the short
     requests = [(kinds[i], audio[i].size / RATE, wav_bytes(audio[i]), int(i)) for i in order]
+    from ostinato.audio import load_audio
+    assert all(np.array_equal(load_audio(r[2]), audio[r[3]]) for r in requests), "uploads != offline's samples"
     fields = {"model": "bench", "response_format": "json", "max_new_tokens": str(args.max_new_tokens),
               **{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in OPTIONS.items()}}
 
@@ -232,7 +251,7 @@ def main() -> None:
             torch.cuda.empty_cache()
 
         # (a) and (b): the server with shared rows, and with one window at a time
-        results, idle, same, total = {}, {}, 0, 0
+        results, idle, same, total, differ = {}, {}, 0, 0, []
         shorts = [r for r in requests if r[0] == "short"][:8]
         for label, rows in (("shared", args.batch_size), ("one", 1)):
             server = ServerProcess(path, device, dtype, rows, Path(folder) / f"server-{rows}.log")
@@ -245,7 +264,11 @@ def main() -> None:
                     results[label, c] = medians(runs)
                     for run in runs:
                         total += len(run["texts"])
-                        same += sum(text == offline_texts[i] for i, text in run["texts"].items())
+                        for i, text in sorted(run["texts"].items()):
+                            same += text == offline_texts[i]
+                            if text != offline_texts[i]:
+                                differ.append(f"{label} rows, {c} clients: {kinds[i]} request {i} "
+                                              f"({audio[i].size / RATE:.0f} s) {_first_difference(text, offline_texts[i])}")
                     print(f"  {label:<6} {c:>3} clients: {results[label, c]['rate']:.0f} audio-s/s", flush=True)
             finally:
                 server.stop()
@@ -265,6 +288,8 @@ def main() -> None:
     print(f"{'idle':>8} | {'':>26}{idle['shared']:>8.2f}{'':>8} | {'':>26}{idle['one']:>8.2f}")
     print("(p50/p99: latency of the 5-s clips; idle: one client sending 5-s clips)")
     print(f"answers equal to transcribe_batch's: {same}/{total}")
+    for line in differ:
+        print("  " + line)
     if same != total:
         sys.exit(1)
 

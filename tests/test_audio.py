@@ -105,6 +105,41 @@ def test_path_bytes_and_file_object_agree(tmp_path):
     assert np.array_equal(load_audio(io.BytesIO(path.read_bytes())), from_path)
 
 
+@pytest.mark.parametrize("cut", [0, 1, 3333])
+def test_plain_wav_read_directly_equals_pyav(tmp_path, cut, monkeypatch):
+    # 16-bit mono WAV at 16 kHz skips PyAV; what PyAV decodes from the same file is the reference,
+    # whole and with the data cut short (an odd byte count leaves half a sample)
+    from ostinato.audio import decode
+
+    rng = np.random.default_rng(cut)
+    full = write_wav(tmp_path / "full.wav", rng.uniform(-0.9, 0.9, 16000 * 3).astype(np.float32), rate=16000)
+    data = full.read_bytes()
+    path = tmp_path / "speech.wav"
+    path.write_bytes(data[: len(data) - cut])
+    monkeypatch.setattr(decode, "_plain_wav", lambda file, rate: None)
+    reference = load_audio(path)
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(av, "open", lambda *a, **k: calls.append(a) or pytest.fail("PyAV was used"))
+    for source in (path, path.read_bytes(), io.BytesIO(path.read_bytes())):
+        assert np.array_equal(load_audio(source), reference)
+    assert not calls
+
+
+def test_other_wavs_still_go_through_pyav(tmp_path):
+    from ostinato.audio.decode import _plain_wav
+
+    stereo = write_wav(tmp_path / "stereo.wav", tone(rate=16000), rate=16000, channels=2)
+    other_rate = write_wav(tmp_path / "22k.wav", tone(rate=22050), rate=22050)
+    flac = write_with_pyav(tmp_path / "tone.flac", tone(rate=16000), "flac", rate=16000, channels=1)
+    for path in (stereo, other_rate, flac):
+        assert _plain_wav(str(path), 16000) is None
+    with open(other_rate, "rb") as handle:
+        handle.seek(5)
+        assert _plain_wav(handle, 16000) is None and handle.tell() == 5  # left where it was
+    assert abs(len(load_audio(other_rate)) - 16000) <= 2
+
+
 def test_decode_matches_faster_whisper_reference():
     # dev/make_feature_refs.py stored what faster-whisper's decode_audio returns for this
     # 44.1 kHz stereo FLAC; we must produce the very same samples.

@@ -2,7 +2,9 @@
 
 File decoding follows faster-whisper's ``decode_audio`` step for step (same resampler
 settings, same frame grouping, same s16 round trip), so that the samples we produce are
-bit-identical to the ones faster-whisper transcribes.
+bit-identical to the ones faster-whisper transcribes. A WAV file that already holds what that
+path produces (16-bit PCM, mono, at the requested rate) is read directly: the same samples,
+without PyAV and without its per-file cost.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import io
 import itertools
 import os
 import sys
-from typing import BinaryIO, Union
+import wave
+from typing import BinaryIO, Optional, Union
 
 import numpy as np
 
@@ -114,7 +117,35 @@ def _open(av, file):
         return av.open(file, mode="r")
 
 
+def _plain_wav(file, sampling_rate: int) -> Optional[np.ndarray]:
+    """The samples of a 16-bit PCM mono WAV at ``sampling_rate`` (PyAV's resampler would pass them
+    through unchanged), or None for anything else, which PyAV then decodes. A file object is left
+    where it was found."""
+    if hasattr(file, "seek"):
+        if not file.seekable():
+            return None
+        start = file.tell()
+    try:
+        with wave.open(file if hasattr(file, "read") else os.fspath(file), "rb") as reader:
+            if (reader.getsampwidth(), reader.getnchannels(), reader.getframerate(), reader.getcomptype()) != (
+                    2, 1, sampling_rate, "NONE"):
+                return None
+            data = reader.readframes(reader.getnframes())
+    except (wave.Error, EOFError, OSError):
+        return None
+    finally:
+        if hasattr(file, "seek"):
+            file.seek(start)
+    pcm = np.frombuffer(data, dtype="<i2", count=len(data) // 2)  # a cut-off last sample is dropped
+    if pcm.size == 0:
+        return None  # PyAV says why
+    return pcm.astype(np.float32) / 32768.0
+
+
 def _decode(file, name: str, sampling_rate: int) -> np.ndarray:
+    samples = _plain_wav(file, sampling_rate)
+    if samples is not None:
+        return samples
     import av  # lazy: importing ostinato must not require PyAV
 
     # s16 (not flt) on purpose: faster-whisper resamples to int16 and scales back by
