@@ -46,6 +46,29 @@ def noise(seconds: float, seed: int = 0) -> np.ndarray:
     return (0.1 * gen.standard_normal(int(seconds * 16000))).astype(np.float32)
 
 
+def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
+    # one window's encoder pass, its cross-attention K/V write and its prompt head's prefill replay
+    # graphs: the same bits as the model without graphs, call after call (inputs rebound, results copied)
+    path = str(data_dir / RANDOM_CKPT)
+    eager = WhisperModel(path, device="cuda", compute_type="float16", use_graphs=False)
+    graph = WhisperModel(path, device="cuda", compute_type="float16")
+    mels = [graph.features(noise(31.0, seed))[None, :, :3000] for seed in (0, 1, 2)]
+    encoded = [graph.encode(mel) for mel in mels]
+    for mel, got in zip(mels, encoded):
+        assert torch.equal(got, eager.encode(mel))
+    assert graph._encoder_graph.captured_keys() == [tuple(mels[0].shape)]
+    assert not torch.equal(encoded[0], encoded[1])  # each result its own copy
+    for seed in (3, 4):
+        audio = noise(20.0, seed)
+        opts = dict(without_timestamps=True, max_new_tokens=20)  # a one-token prompt head: [sot]
+        assert tokens_of(graph, audio, **opts) == tokens_of(eager, audio, **opts)
+        long_prompt = dict(opts, initial_prompt=" one two three four five six seven eight nine ten")
+        assert tokens_of(graph, audio, **long_prompt) == tokens_of(eager, audio, **long_prompt)
+    decoder = graph.decoder
+    assert decoder._cross_graph.captured_keys() == [(1,)]
+    assert decoder._prefill_graph.captured_keys() == [(0, 1)]  # the long prompt's head ran eagerly
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("timestamps", [True, False])
 def test_random_model_graph_equals_eager(data_dir, dtype, timestamps):

@@ -95,6 +95,20 @@ def strict_float32(device: torch.device, dtype: torch.dtype):
         torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def side_stream(device: torch.device, purpose: str):
+    """The CUDA side stream for ``purpose`` on ``device``, made once per process. A stream is worth
+    keeping: cuBLAS holds a workspace (32 MiB on Hopper) for every stream it has run on, for the life
+    of the process, so a new stream per call would grow memory call after call."""
+    key = (torch.device(device), purpose)
+    stream = _SIDE_STREAMS.get(key)
+    if stream is None:
+        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device)
+    return stream
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity set, capped by a cgroup CPU quota (containers)."""
     try:

@@ -31,6 +31,7 @@ import torch
 from ..errors import GraphInputError
 from ..errors import InvalidOptionError
 from . import device_loop
+from .device import side_stream
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ class StepGraph:
 
     def _warm_up(self, key: Hashable, static: Dict[str, torch.Tensor], guarded: bool = False) -> None:
         """Run the step on a side stream; a host sync in it raises here, before any capture begins."""
-        side = torch.cuda.Stream(self.device)
+        side = side_stream(self.device, "graph warm-up")  # one for every capture (see side_stream)
         side.wait_stream(torch.cuda.current_stream(self.device))
         previous = torch.cuda.get_sync_debug_mode()
         with warnings.catch_warnings():  # PyTorch calls the mode a prototype each time it is set

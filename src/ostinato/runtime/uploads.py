@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .device import side_stream
+
 
 def padded_host_batch(arrays: Sequence[np.ndarray], pinned: bool) -> Tensor:
     """[B, longest] float32 on the host (pinned if asked), each 1-D array's row zero-padded."""
@@ -48,7 +50,7 @@ def upload_batches(batches: Iterable[Sequence[np.ndarray]], device: torch.device
             yield batch if prepare is None else prepare(batch, arrays)
         return
     consumer = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
+    side = side_stream(device, "uploads")
     batches = iter(batches)
     filling: deque = deque()  # (arrays, future of the pinned batch)
     launched: deque = deque()  # (result, event) whose copy and prepare are on the side stream

@@ -61,6 +61,25 @@ from .search import (  # noqa: F401 - re-exported: the decoder's request and res
 from .tokenizer import WhisperTokenizer
 
 
+# Admissions replay graphs for prompt heads up to this many tokens (the start-of-transcript sequence
+# without a previous-text prompt: every window of a server's or a batched run); a longer prompt's
+# length varies window to window and runs eagerly.
+PREFILL_GRAPH_TOKENS = 8
+
+
+class CrossKey(NamedTuple):
+    """The graph writing one window's cross-attention K/V into ``copies`` rows."""
+
+    copies: int
+
+
+class PrefillKey(NamedTuple):
+    """The graph running a prompt head of ``tokens`` tokens into the self-attention cache of ``row``."""
+
+    row: int
+    tokens: int
+
+
 class GreedyKey(NamedTuple):
     """A greedy or sampling step graph: one per distinct value."""
 
@@ -113,6 +132,11 @@ class WindowDecoder:
             graph_options.update(loop_guard=self._loop_guard, max_loop_trips=trips)
         self.graph = StepGraph(self._step, device, name="whisper decode step", **graph_options)
         self.sample_graph = StepGraph(self._step, device, name="whisper sampling step", **graph_options)
+        # Admitting a window is hundreds of small launches (large-v3: a K/V projection per layer, a
+        # decoder pass over the prompt head); replayed, the same kernels cost one launch each.
+        self._cross_graph = StepGraph(self._write_cross, device, use_graphs=use_graphs,
+                                      name="whisper cross-attention K/V write")
+        self._prefill_graph = StepGraph(self._prefill_head, device, use_graphs=use_graphs, name="whisper prefill")
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
         self.seed(0)
@@ -439,10 +463,9 @@ class WindowDecoder:
         requests = [j.request for j in jobs]
         copies = 1 if shared_audio else per
         index = torch.tensor([first + j for first in first_rows for j in range(copies)], device=self.device)
-        layers = range(st["cross_k"].shape[0])
-        self.model.decoder.write_cross_kv(
-            audio_features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index, copies
-        )
+        for w in range(len(jobs)):  # one window at a time, as write_cross_kv computes them
+            self._cross_graph(CrossKey(copies), features=audio_features[w : w + 1],
+                              index=index[w * copies : (w + 1) * copies])
         for first, req in zip(first_rows, requests):
             self._prefill(first, req)
             window = req.rng_seed if req.rng_seed is not None else 0
@@ -480,6 +503,25 @@ class WindowDecoder:
             mask[torch.tensor(list(ids), dtype=torch.long)] = True
         self.state[name].copy_(mask)
 
+    def _write_cross(self, key: CrossKey, features: Tensor, index: Tensor) -> None:
+        """Project one window's cross-attention K/V ([1, n_audio_ctx, d] features) into rows ``index``."""
+        st = self.state
+        layers = range(st["cross_k"].shape[0])
+        self.model.decoder.write_cross_kv(
+            features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index, key.copies
+        )
+
+    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor) -> Tensor:
+        """The decoder over a prompt head [1, L] in ``key.row``'s caches: its float32 logits [L, n_vocab]."""
+        row = key.row
+        return self.model.decoder(
+            tokens, positions,
+            [t[row : row + 1] for t in self._layer_views("self_k", self.max_rows)],
+            [t[row : row + 1] for t in self._layer_views("self_v", self.max_rows)],
+            [t[row : row + 1] for t in self._layer_views("cross_k", self.max_rows)],
+            [t[row : row + 1] for t in self._layer_views("cross_v", self.max_rows)],
+        )[0]
+
     def _prefill(self, row: int, req: WindowRequest) -> None:
         """Run the prompt's context into the row's KV cache; set the row's loop state.
 
@@ -496,15 +538,11 @@ class WindowDecoder:
                 f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
             )
         if head:
+            key = PrefillKey(row, len(head))
             tokens = torch.tensor([head], dtype=torch.long, device=self.device)
             positions = torch.arange(len(head), device=self.device)[None, :]
-            logits = self.model.decoder(
-                tokens, positions,
-                [t[row : row + 1] for t in self._layer_views("self_k", self.max_rows)],
-                [t[row : row + 1] for t in self._layer_views("self_v", self.max_rows)],
-                [t[row : row + 1] for t in self._layer_views("cross_k", self.max_rows)],
-                [t[row : row + 1] for t in self._layer_views("cross_v", self.max_rows)],
-            )[0]
+            run = self._prefill_graph if len(head) <= PREFILL_GRAPH_TOKENS else self._prefill_head
+            logits = run(key, tokens=tokens, positions=positions)
         no_speech_at_step = sot_index == length - 1
         if not no_speech_at_step:
             probs = torch.softmax(logits[sot_index], dim=-1)
