@@ -119,3 +119,40 @@ def test_rows_are_independent():
         penultimate_token=t(-1, 2),
     )
     assert got == [[8, 9], list(range(12))]
+
+
+def test_row_ranges_equal_the_batched_masks_on_random_states():
+    # the CPU's row-by-row rules against the batched tensor form (what CUDA graphs run), bit for bit,
+    # over random states: steps around a forced prefix, text / special / timestamp histories, no
+    # timestamp yet, rules off, initial limits past the vocabulary, repeated n-grams banned
+    from ostinato.models.whisper.logit_rules import _apply_as_tensors, _apply_by_rows
+
+    gen = torch.Generator().manual_seed(0)
+    V = 12
+    for trial in range(400):
+        rows = int(torch.randint(1, 7, (1,), generator=gen))
+
+        def ints(low, high):
+            return torch.randint(low, high, (rows,), generator=gen)
+
+        logits = torch.randn(rows, V, generator=gen) * 3
+        if trial % 5 == 0:
+            logits[:, 8:] += 6.0  # timestamps likely enough to be forced
+        state = dict(
+            suppress=torch.rand(V, generator=gen) < 0.15,
+            suppress_at_begin=torch.rand(V, generator=gen) < 0.2,
+            timestamps=torch.rand(rows, generator=gen) < 0.8,
+            max_initial_timestamp=ints(-2, 6),
+            n_generated=ints(0, 5),
+            last_token=ints(-1, V),
+            penultimate_token=ints(-1, V),
+            last_timestamp=torch.where(torch.rand(rows, generator=gen) < 0.3, -1, ints(8, V)),
+            sample_begin=ints(0, 3),
+            banned=(torch.rand(rows, V, generator=gen) < 0.1) if trial % 3 == 0 else None,
+        )
+        args = [state[k] for k in ("suppress", "suppress_at_begin", "timestamps", "max_initial_timestamp",
+                                   "n_generated", "last_token", "penultimate_token", "last_timestamp",
+                                   "sample_begin", "banned")]
+        want = _apply_as_tensors(logits, LAYOUT, *args)
+        got = _apply_by_rows(logits, LAYOUT, *args)
+        assert torch.equal(got, want), (trial, state)

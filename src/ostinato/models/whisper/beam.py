@@ -137,8 +137,15 @@ class BeamSearch:
         # Step 0 expands beam 0 only.
         only_first = (step == 0)[:, None] & (beam_ids > 0)[None, :]
         scores = torch.where(only_first, torch.full_like(scores, float("-inf")), scores)
-        total = (logprobs.view(W, K, V) + scores[:, :, None]).view(W, K * V)
-        cand_score, flat = total.topk(C, dim=1)
+        total = logprobs.view(W, K, V) + scores[:, :, None]
+        if device.type == "cpu":
+            # each beam's best C, then the window's best C among them: the same candidates, and on two
+            # cores a third of one top-k over K x V (0.8 ms a step at five beams of tiny.en)
+            beam_score, beam_token = total.topk(C, dim=2)
+            cand_score, pick = beam_score.view(W, K * C).topk(C, dim=1)
+            flat = torch.div(pick, C, rounding_mode="floor") * V + beam_token.view(W, K * C).gather(1, pick)
+        else:
+            cand_score, flat = total.view(W, K * V).topk(C, dim=1)
         cand_beam = torch.div(flat, V, rounding_mode="floor")
         cand_token = flat - cand_beam * V
 

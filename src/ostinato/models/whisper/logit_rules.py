@@ -49,11 +49,24 @@ def apply_logit_rules(
     sample_begin: [B] int64, the step of the first freely chosen token (the length of a forced
     prefix, as CTranslate2 counts it; 0 when None). Before it only the suppression masks apply.
     banned: optional [B, V] bool of further tokens to disable (e.g. repeated n-grams).
+
+    On the CPU the same masks are written row by row as ranges of ids (``_apply_by_rows``): a dozen
+    [B, V] boolean tensors per step took 3 ms of a 16-ms beam-5 step of tiny.en on two cores.
     """
-    ids = torch.arange(logits.shape[-1], device=logits.device)
-    is_timestamp_id = ids >= layout.timestamp_begin
     if sample_begin is None:
         sample_begin = torch.zeros_like(n_generated)
+    apply = _apply_by_rows if logits.device.type == "cpu" else _apply_as_tensors
+    return apply(logits, layout, suppress, suppress_at_begin, timestamps, max_initial_timestamp, n_generated,
+                 last_token, penultimate_token, last_timestamp, sample_begin, banned)
+
+
+def _apply_as_tensors(logits: Tensor, layout: VocabLayout, suppress: Tensor, suppress_at_begin: Tensor,
+                      timestamps: Tensor, max_initial_timestamp: Tensor, n_generated: Tensor, last_token: Tensor,
+                      penultimate_token: Tensor, last_timestamp: Tensor, sample_begin: Tensor,
+                      banned: Optional[Tensor]) -> Tensor:
+    """``apply_logit_rules`` as batched tensor ops: no host sync, one graph for every row and step."""
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    is_timestamp_id = ids >= layout.timestamp_begin
     first = (n_generated == sample_begin)[:, None]
     later = (n_generated > sample_begin)[:, None]
     # The first-timestamp rule applies only when nothing was forced before it.
@@ -91,3 +104,52 @@ def apply_logit_rules(
     max_text_logprob = logprobs[:, : layout.timestamp_begin].max(dim=-1).values
     force = timestamps & later[:, 0] & ~pair_closed[:, 0] & (timestamp_logprob > max_text_logprob)
     return logits.masked_fill(force[:, None] & ~is_timestamp_id[None, :], float("-inf"))
+
+
+def _apply_by_rows(logits: Tensor, layout: VocabLayout, suppress: Tensor, suppress_at_begin: Tensor,
+                   timestamps: Tensor, max_initial_timestamp: Tensor, n_generated: Tensor, last_token: Tensor,
+                   penultimate_token: Tensor, last_timestamp: Tensor, sample_begin: Tensor,
+                   banned: Optional[Tensor]) -> Tensor:
+    """``apply_logit_rules`` for host tensors: the same masks, each rule a slice of one row's ids (the
+    vocabulary is text < end-of-text .. specials < timestamps, so every rule is a range)."""
+    inf = float("-inf")
+    begin, eot = layout.timestamp_begin, layout.eot
+    out = logits.masked_fill(suppress[None, :], inf)
+    if banned is not None:
+        out.masked_fill_(banned, inf)
+    forcing = []  # rows where the timestamp-forcing rule is looked at
+    rows = zip(timestamps.tolist(), max_initial_timestamp.tolist(), n_generated.tolist(), sample_begin.tolist(),
+               last_token.tolist(), penultimate_token.tolist(), last_timestamp.tolist())
+    for b, (on, initial_max, step, begin_step, last, penultimate, last_ts) in enumerate(rows):
+        row = out[b]
+        if step == begin_step:
+            row.masked_fill_(suppress_at_begin, inf)
+        if not on:
+            continue
+        row[layout.no_timestamps] = inf
+        if step == begin_step == 0:  # the first timestamp: no text, none after the limit
+            row[:begin] = inf
+            row[max(0, begin + initial_max + 1):] = inf
+        if step <= begin_step:
+            continue
+        if step - 1 == begin_step:  # right after the first sampled token it is its own "penultimate"
+            penultimate = last
+        if last >= begin and penultimate >= begin:  # a pair just closed: text must follow
+            row[begin:] = inf
+            continue
+        if last >= begin:  # one timestamp: another at least as late, or end-of-text
+            row[:eot] = inf
+            row[begin:max(begin, last_ts)] = inf
+        else:  # after text the next timestamp is strictly later than the last one
+            row[begin:max(begin, last_ts + 1)] = inf
+        forcing.append(b)
+    if forcing:
+        # Where the timestamps together outweigh every text token, a timestamp it is.
+        logprobs = torch.log_softmax(out, dim=-1)
+        timestamp_logprob = torch.logsumexp(logprobs[:, begin:], dim=-1)
+        max_text_logprob = logprobs[:, :begin].max(dim=-1).values
+        force = (timestamp_logprob > max_text_logprob).tolist()
+        for b in forcing:
+            if force[b]:
+                out[b, :begin] = inf
+    return out
