@@ -3,6 +3,8 @@
     PYTHONPATH=src python bench/serve_gpu.py [--size large-v3] [--concurrency 1 4 16 64] [--repeats 3]
     PYTHONPATH=src python bench/serve_gpu.py --model PATH      # real weights (tiny.en: check the answers)
     PYTHONPATH=src python bench/serve_gpu.py --smoke           # CPU, tiny random weights, a few requests
+    PYTHONPATH=src python bench/serve_gpu.py --speech talk.wav # cut the requests from a recording (a 16-kHz
+                                                                 # mono 16-bit WAV needs no PyAV: the GPU machine)
 
 The server runs as clients meet it: ``python -m ostinato serve`` in a process of its own (its
 engine thread shares no interpreter lock with the clients), started once per configuration and
