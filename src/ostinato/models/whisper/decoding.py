@@ -463,7 +463,7 @@ class WindowDecoder:
         requests = [j.request for j in jobs]
         copies = 1 if shared_audio else per
         index = torch.tensor([first + j for first in first_rows for j in range(copies)], device=self.device)
-        for w in range(len(jobs)):  # one window at a time, as write_cross_kv computes them
+        for w in range(len(jobs)):  # one window at a time: its values do not depend on the others
             self._cross_graph(CrossKey(copies), features=audio_features[w : w + 1],
                               index=index[w * copies : (w + 1) * copies])
         for first, req in zip(first_rows, requests):
@@ -508,7 +508,7 @@ class WindowDecoder:
         st = self.state
         layers = range(st["cross_k"].shape[0])
         self.model.decoder.write_cross_kv(
-            features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index, key.copies
+            features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index
         )
 
     def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor) -> Tensor:

@@ -250,18 +250,14 @@ class TextDecoder(nn.Module):
         """Every layer's cross-attention keys/values [B, H, n_audio_ctx, D]: computed once per window."""
         return [block.cross_attn.project_kv(audio_features) for block in self.blocks]
 
-    def write_cross_kv(self, audio_features: Tensor, keys: List[Tensor], values: List[Tensor], rows: Tensor,
-                       per: int = 1) -> None:
-        """Project each window's cross-attention K/V and copy it into ``rows`` of the per-layer buffers
-        [rows, H, n_audio_ctx, D] (``per`` consecutive rows per window), one window and one layer at
-        a time: the transient memory is one layer of one window, and a window's values do not depend
-        on how many windows are written together."""
-        for w in range(audio_features.shape[0]):
-            index = rows[w * per : (w + 1) * per]
-            for block, k_buf, v_buf in zip(self.blocks, keys, values):
-                k, v = block.cross_attn.project_kv(audio_features[w : w + 1])
-                k_buf.index_copy_(0, index, k.expand(per, *k.shape[1:]))
-                v_buf.index_copy_(0, index, v.expand(per, *v.shape[1:]))
+    def write_cross_kv(self, audio_features: Tensor, keys: List[Tensor], values: List[Tensor], rows: Tensor) -> None:
+        """Project one window's cross-attention K/V ([1, n_audio_ctx, d] features) and copy it into
+        ``rows`` of the per-layer buffers [rows, H, n_audio_ctx, D], one layer at a time: the transient
+        memory is one layer of one window, and a window's values do not depend on the other windows."""
+        for block, k_buf, v_buf in zip(self.blocks, keys, values):
+            k, v = block.cross_attn.project_kv(audio_features)
+            k_buf.index_copy_(0, rows, k.expand(len(rows), *k.shape[1:]))
+            v_buf.index_copy_(0, rows, v.expand(len(rows), *v.shape[1:]))
 
     def forward(
         self,
