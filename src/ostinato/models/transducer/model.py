@@ -290,6 +290,7 @@ class TransducerModel:
                                   prepare=lambda batch, arrays: self._preprocess(batch, [a.shape[0] for a in arrays]))
         pad_value = self.config.preprocessor.pad_value
         outs, checks = [], []
+        factor = self.config.encoder.subsampling_factor
         with strict_float32(self.device, self.dtype):
             for calls in groups:
                 rows = [i for call in calls for i in call]
@@ -298,7 +299,6 @@ class TransducerModel:
                 feats = torch.cat([F.pad(f[:, :, :width], (0, max(0, width - f.shape[-1])), value=pad_value)
                                    for f, _, _ in parts]) if len(parts) > 1 else parts[0][0][:, :, :width]
                 lengths = torch.cat([n for _, n, _ in parts]) if len(parts) > 1 else parts[0][1]
-                factor = self.config.encoder.subsampling_factor
                 padded = subsampled_length(min(frames[i] for i in rows), factor) < subsampled_length(width, factor)
                 out, out_len = self.network.encoder(feats, lengths, padded=padded)
                 outs.append((rows, out, out_len))
