@@ -288,6 +288,11 @@ def test_prefill_equals_step_by_step(model):
 # --- one copy of the weights, and the memory report ----------------------------------------
 
 
+def packed_zero_bytes(whisper) -> int:
+    """The bytes that packing the self-attention q/k/v adds: the key's zero bias, one per decoder layer."""
+    return sum(b.attn.key.weight.shape[0] * b.attn.key.weight.element_size() for b in whisper.decoder.blocks)
+
+
 def test_one_copy_of_the_weights(model):
     whisper = model.model
     assert duplicated_parameters(whisper) == {}
@@ -298,8 +303,12 @@ def test_one_copy_of_the_weights(model):
     vocab_sized = [n for n, t in whisper.state_dict(keep_vars=True).items() if tuple(t.shape) == shape]
     assert vocab_sized == ["decoder.token_embedding.weight"]
     # ...and the logits are the final hidden state times that very tensor.
-    ptrs = {p.untyped_storage().data_ptr() for p in whisper.parameters()}
-    assert len(ptrs) == len(list(whisper.parameters()))  # each parameter is its own storage, no aliasing
+    # No parameter overlaps another; the self-attention q/k/v weights (and the q/v biases) are views
+    # of one packed tensor per layer, whose only extra bytes are the key's zero bias.
+    params = list(whisper.parameters())
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params}
+    assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in params) + packed_zero_bytes(whisper)
+    assert len(storages) == len(params) - 3 * len(dec.blocks)  # q, k, v weights in one storage, q, v biases in one
     hidden = []
     handle = dec.ln.register_forward_hook(lambda mod, args, out: hidden.append(out.detach().clone()))
     recorder = LogitRecorder(dec)
@@ -322,9 +331,9 @@ def test_one_copy_of_the_weights(model):
 def test_memory_report(model):
     report = model.memory_report()
     tensors = list(model.model.parameters()) + list(model.model.buffers())
-    # Every parameter and buffer is its own float32 tensor after placement: bytes = numel * 4.
+    # Every parameter and buffer is float32 after placement: bytes = numel * 4, plus the packed zeros.
     expected = sum(t.numel() * t.element_size() for t in tensors)
-    assert report.parameter_bytes == expected
+    assert report.parameter_bytes == expected + packed_zero_bytes(model.model)
     dims = model.dims
     n_params = sum(t.numel() for t in tensors)
     emb = dims.n_vocab * dims.n_text_state
@@ -351,7 +360,7 @@ def test_half_precision_on_cpu(dtype):
     assert m.decoder.state["self_k"].dtype == dtype
     assert m.memory_report().parameter_bytes == sum(
         t.numel() * t.element_size() for t in [*m.model.parameters(), *m.model.buffers()]
-    )
+    ) + packed_zero_bytes(m.model)
     for options in (dict(GREEDY, max_new_tokens=20), SHORT):
         segments, info = m.transcribe(str(CLIP), **options)
         segments = list(segments)

@@ -221,14 +221,19 @@ class BeamSearch:
         their own history from one step to the next; copying all of the self-attention cache twice
         per step was a quarter of a beam-5 transcription on two cores)."""
         ds = self.decoder.state
-        moved = [r for r, o in enumerate(origin.tolist()) if o != r]
+        origins = origin.tolist()
+        moved = [r for r, o in enumerate(origins) if o != r]
         if not moved:
             return
-        dst = torch.tensor(moved, device=origin.device)
-        src = origin.index_select(0, dst)
+        sources = [origins[r] for r in moved]
         for name in ("self_k", "self_v"):
             cache = ds[name][:, :R, :, :filled]
-            cache.index_copy_(1, dst, cache.index_select(1, src))  # the sources are read before any write
+            # Row by row (the sources copied before any write): index_select/index_copy_ over this
+            # strided view took 0.9 ms for two rows at 150 positions of tiny.en, these copies 0.08.
+            copies = [cache[:, r].clone() for r in sources]
+            for r, rows in zip(moved, copies):
+                cache[:, r].copy_(rows)
+        dst, src = torch.tensor(moved, device=origin.device), torch.tensor(sources, device=origin.device)
         for name in names:
             buf = ds[name][:R]
             buf.index_copy_(0, dst, buf.index_select(0, src))

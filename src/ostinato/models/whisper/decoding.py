@@ -40,7 +40,7 @@ from . import rules_kernel
 from .beam import BeamSearch
 from ...ops.triton_support import kernels_can_run
 from .logit_rules import VocabLayout, apply_logit_rules
-from .modules import Whisper, fused_step_supported
+from .modules import Whisper
 from .search import (  # noqa: F401 - re-exported: the decoder's request and result types
     MASK32,
     SearchOptions,
@@ -78,6 +78,7 @@ class PrefillKey(NamedTuple):
 
     row: int
     tokens: int
+    logits_at: int  # the one position whose logits are made: the start of transcript's, when in the head
 
 
 class GreedyKey(NamedTuple):
@@ -121,8 +122,9 @@ class WindowDecoder:
         # ops, so its results stay the same on every device.
         dtype = model.decoder.token_embedding.weight.dtype
         self._fused_rules = kernels_can_run(self.device, dtype)
-        if fused_step_supported(self.device, dtype, dims.n_text_state // dims.n_text_head):
-            model.decoder.pack_self_attention()  # one q/k/v projection kernel per fused step; same values
+        # One q/k/v product per layer and step instead of three: each step reads the weights from memory
+        # (a fused kernel on CUDA, one MKL call on the CPU); the parameters stay views, one copy.
+        model.decoder.pack_self_attention()
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         use_graphs = self.decode_loop != "eager"
         graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay)
@@ -313,12 +315,11 @@ class WindowDecoder:
 
     def record_no_speech(self, logits: Tensor, rows: int) -> None:
         # The no-speech probability is read off the raw logits at the <|startoftranscript|> step.
-        no_speech = torch.exp(logits[:, self.tokenizer.no_speech] - torch.logsumexp(logits, dim=-1))
-        self._store_no_speech(no_speech, rows)
-
-    def _store_no_speech(self, no_speech: Tensor, rows: int) -> None:
         st = self.state
         take = st["no_speech_at_step"][:rows] & (st["n_generated"][:rows] == 0) & ~st["done"][:rows]
+        if logits.device.type == "cpu" and not bool(take.any()):
+            return  # eager on the CPU, so it may ask: a log-sum-exp over the vocabulary saved per step
+        no_speech = torch.exp(logits[:, self.tokenizer.no_speech] - torch.logsumexp(logits, dim=-1))
         st["no_speech"][:rows].copy_(torch.where(take, no_speech, st["no_speech"][:rows]))
 
     def _penalized(self, logits: Tensor, rows: int, penalize: bool) -> Tensor:
@@ -512,7 +513,9 @@ class WindowDecoder:
         )
 
     def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor) -> Tensor:
-        """The decoder over a prompt head [1, L] in ``key.row``'s caches: its float32 logits [L, n_vocab]."""
+        """The decoder over a prompt head [1, L] in ``key.row``'s caches: the float32 logits [1, n_vocab]
+        of position ``key.logits_at`` (the vocabulary product of every position would cost more than
+        the rest of a long prompt's prefill)."""
         row = key.row
         return self.model.decoder(
             tokens, positions,
@@ -520,6 +523,7 @@ class WindowDecoder:
             [t[row : row + 1] for t in self._layer_views("self_v", self.max_rows)],
             [t[row : row + 1] for t in self._layer_views("cross_k", self.max_rows)],
             [t[row : row + 1] for t in self._layer_views("cross_v", self.max_rows)],
+            logits_at=key.logits_at,
         )[0]
 
     def _prefill(self, row: int, req: WindowRequest) -> None:
@@ -538,14 +542,14 @@ class WindowDecoder:
                 f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
             )
         if head:
-            key = PrefillKey(row, len(head))
+            key = PrefillKey(row, len(head), min(sot_index, len(head) - 1))
             tokens = torch.tensor([head], dtype=torch.long, device=self.device)
             positions = torch.arange(len(head), device=self.device)[None, :]
             run = self._prefill_graph if len(head) <= PREFILL_GRAPH_TOKENS else self._prefill_head
             logits = run(key, tokens=tokens, positions=positions)
         no_speech_at_step = sot_index == length - 1
         if not no_speech_at_step:
-            probs = torch.softmax(logits[sot_index], dim=-1)
+            probs = torch.softmax(logits[0], dim=-1)  # the logits at sot_index
             st["no_speech"][row] = probs[self.tokenizer.no_speech]
         st["no_speech_at_step"][row] = no_speech_at_step
         st["token"][row] = start
