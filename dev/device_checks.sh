@@ -3,6 +3,7 @@
 #   PHASE=tests  ./dev/device_checks.sh   kernel checks and the GPU tests
 #   PHASE=bench  ./dev/device_checks.sh   kernel bench, step profile, bench/whisper_gpu.py ($BENCH_ARGS)
 #   PHASE=verify ./dev/device_checks.sh   after a change to the step: its checks, the GPU tests and the bench
+#   PHASE=e2e    ./dev/device_checks.sh   bench/whisper_e2e.py on the real tiny.en beside transformers' pipeline ($E2E_ARGS)
 # Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
 cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
 [ -f /tmp/tiny/model.bin ] || cat $(ls /tmp/tiny/model.bin.* | sort -t. -k3 -n) > /tmp/tiny/model.bin
@@ -21,6 +22,7 @@ bench() {
   timeout ${BENCH_S:-260} python bench/whisper_gpu.py --out $OUT $BENCH_ARGS > $OUT/bench.txt 2>&1
   echo "bench rc=$?"; tail -${BENCH_LINES:-45} $OUT/bench.txt
 }
+E2E_ARGS=${E2E_ARGS:---configs greedy-b16 defaults-b16 greedy-b1 words-b16 --ttft-sizes tiny large-v3}
 case "${PHASE:-tests}" in
   tests) checks decode_attention skinny rules_kernel whisper_fused; gpu_tests ;;
   verify) CHECK_S=100 checks ${CHECKS:-rules_kernel whisper_fused}; TEST_S=150 gpu_tests; BENCH_LINES=24 bench ;;
@@ -29,5 +31,9 @@ case "${PHASE:-tests}" in
     timeout ${PROFILE_S:-120} python dev/whisper_profile.py --sizes tiny large-v3 --batches 1 16 --top 15 --encoder large-v3 > $OUT/profile.txt 2>&1
     echo "profile rc=$?"; grep -E "==|kernels, kernel time" $OUT/profile.txt
     bench ;;
+  e2e)
+    timeout ${E2E_S:-560} python bench/whisper_e2e.py --model /tmp/tiny --clips .carry/tiny_rest/clips --out $OUT $E2E_ARGS \
+      > $OUT/e2e.txt 2>&1
+    echo "e2e rc=$?"; tail -30 $OUT/e2e.txt ;;
 esac
 exit 0

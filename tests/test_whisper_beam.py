@@ -178,20 +178,22 @@ def test_beam_windows_of_a_batch_are_independent(model, data_dir):
     assert [len(r.tokens) for r in together] == [14, 10]
 
 
-def test_beams_read_only_their_first_rows_cross_attention(model, data_dir):
-    # A window's beams share its cross-attention K/V: admission writes it into the group's first
-    # row only, and the search never reads the others: NaN there changes nothing.
+@pytest.mark.parametrize("options", [SearchOptions(beam_size=5), SearchOptions(temperature=0.8, num_hypotheses=5)],
+                         ids=["beams", "samples"])
+def test_beams_and_samples_read_only_their_first_rows_cross_attention(model, data_dir, options):
+    # A window's beams (or samples) share its cross-attention K/V: admission writes it into the
+    # group's first row only, and decoding never reads the others: NaN there changes nothing.
     features, prompt, tok = _window(model, data_dir, "c02_numbers.flac")
-    request = WindowRequest(prompt, True, 50, 12)
-    suppress, options = tok.suppressed_tokens([-1]), SearchOptions(beam_size=5)
+    request = WindowRequest(prompt, True, 50, 12, rng_seed=7)
+    suppress = tok.suppressed_tokens([-1])
     decoder = WindowDecoder(model.model, tok, model.device, use_graphs=False, capacity=5)
     with torch.inference_mode():
         (clean,) = decoder.decode(features, [request], suppress, [], options)
         for name in ("cross_k", "cross_v"):
             decoder.state[name][:, 1:5].fill_(float("nan"))
         (poisoned,) = decoder.decode(features, [request], suppress, [], options)
-        assert torch.isnan(decoder.state["cross_k"][:, 1:5]).all()  # not written: beams 1-4 never needed them
-    assert poisoned.tokens == clean.tokens and len(clean.tokens) == 12
+        assert torch.isnan(decoder.state["cross_k"][:, 1:5]).all()  # not written: rows 1-4 never needed them
+    assert poisoned.tokens == clean.tokens and len(clean.tokens) > 0
     assert poisoned.score == clean.score and math.isfinite(clean.score)
 
 

@@ -111,3 +111,29 @@ def test_options_beyond_the_engine_state_are_refused(model, data_dir):
     engine = model.engine(batch_size=1, max_search=2)
     with pytest.raises(InvalidOptionError, match="at most 2"):
         engine.submit(_clip(data_dir, "c01_hello_short.flac"), TranscribeOptions(beam_size=5))
+
+
+@pytest.mark.parametrize("options, per", [(GREEDY, 1), (dict(beam_size=5, temperature=0.0), 5)], ids=["greedy", "beams"])
+def test_without_graphs_only_the_busy_rows_step(model, data_dir, monkeypatch, options, per):
+    # An engine of 8 windows with one audio in flight: eagerly, each step runs that window's rows
+    # alone, not all 8 windows' (a server's lone request stepped 8-16x the rows it needed)
+    from ostinato.models.whisper.decoding import WindowDecoder
+
+    stepped = []
+    run_decoder = WindowDecoder.run_decoder
+
+    def spy(self, rows, *args, **kwargs):
+        stepped.append(rows)
+        return run_decoder(self, rows, *args, **kwargs)
+
+    clip = _clip(data_dir, "c02_numbers.flac")
+    alone = _texts(model.transcribe(clip, **options)[0])
+    monkeypatch.setattr(WindowDecoder, "run_decoder", spy)
+    engine = model.engine(batch_size=8, max_search=5)
+    engine.start()
+    try:
+        segments, _ = engine.submit(clip, model.options(**options)).result(timeout=120)
+    finally:
+        engine.shutdown()
+    assert _texts(segments) == alone
+    assert stepped and set(stepped) == {per}

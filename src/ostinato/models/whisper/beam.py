@@ -27,7 +27,7 @@ A ``BeamRun`` admits windows into free beam groups while others are still search
 """
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -307,8 +307,8 @@ class BeamRun(SlotTable):
         search.state["length_penalty"].fill_(options.length_penalty)
         super().__init__(windows)  # busy slot -> cache positions its rows may have written (host bound)
 
-    def _key(self, filled: int) -> BeamKey:
-        return BeamKey(self.windows, self.K, self.penalize, self.ngram, cache_bucket(filled, self.n_ctx))
+    def _key(self, filled: int, windows: Optional[int] = None) -> BeamKey:
+        return BeamKey(windows or self.windows, self.K, self.penalize, self.ngram, cache_bucket(filled, self.n_ctx))
 
     def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
         """Load windows into free beam groups; returns their slots.
@@ -349,7 +349,9 @@ class BeamRun(SlotTable):
         """``steps_per_replay`` beam steps (``refill``: the scheduler's hint, not needed here)."""
         K = self.decoder.steps_per_replay
         filled = max(self.values()) + K  # a bound on the positions written by the end of this replay
-        self.search.graph(self._key(filled))
+        # Without graphs only the windows up to the last busy one step (GreedyRun.advance says why)
+        windows = None if self.search.graph.use_graphs else max(self.slots()) + 1
+        self.search.graph(self._key(filled, windows))
         for slot in self.slots():
             self[slot] += K
 
