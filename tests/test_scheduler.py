@@ -111,6 +111,17 @@ def test_slot_table_takes_the_lowest_free_slots():
         table.take(5)
 
 
+def test_slot_table_extent_reaches_the_last_busy_slot():
+    table = SlotTable(4)
+    assert table.extent() == 0
+    table.take(3)
+    table.occupy(0, "a")
+    table.occupy(2, "c")
+    assert table.extent() == 3
+    table.release(2)
+    assert table.extent() == 1
+
+
 def test_buckets():
     assert buckets_up_to(5) == (1, 2, 4, 5)
     assert buckets_up_to(16) == (1, 2, 4, 8, 16)

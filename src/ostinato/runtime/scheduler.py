@@ -91,6 +91,10 @@ class SlotTable(Generic[T]):
     def slots(self) -> List[int]:
         return list(self._busy)
 
+    def extent(self) -> int:
+        """The slots up to and including the last busy one (0 when none is busy)."""
+        return max(self._busy) + 1 if self._busy else 0
+
 
 class Ticket:
     """One submitted request: ``done(result, error)`` is called once, from the scheduling thread."""

@@ -350,7 +350,7 @@ class BeamRun(SlotTable):
         K = self.decoder.steps_per_replay
         filled = max(self.values()) + K  # a bound on the positions written by the end of this replay
         # Without graphs only the windows up to the last busy one step (GreedyRun.advance says why)
-        windows = None if self.search.graph.use_graphs else max(self.slots()) + 1
+        windows = None if self.search.graph.use_graphs else self.extent()
         self.search.graph(self._key(filled, windows))
         for slot in self.slots():
             self[slot] += K

@@ -622,7 +622,7 @@ class GreedyRun(SlotTable):
         is captured per row count on a reset state, so a run's graph keeps the run's count)."""
         key = self.key
         if not self.graph.use_graphs and self.busy:
-            key = key._replace(rows=(max(self.slots()) + 1) * self.per)
+            key = key._replace(rows=self.extent() * self.per)
         self.graph(key)
 
     def evict(self, slot: int) -> None:
