@@ -195,6 +195,23 @@ def test_transcribe_is_plain_greedy_decoding(model):
     assert segment.text == tok.decode(segment.tokens)
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_steps_per_replay_does_not_change_results(model, steps):
+    """Fewer or more steps between looks at the done flags: the naive greedy tokens, and the beam
+    search's tokens at the default 8 (3 leaves a partial last replay of most windows)."""
+    other = load(OPENAI_PT, steps_per_replay=steps)
+    assert other.decoder.steps_per_replay == steps
+    (segment,) = list(other.transcribe(str(CLIP), **PLAIN)[0])
+    tok = model.tokenizer
+    expected, _ = naive_greedy(model.model, [tok.sot, tok.no_timestamps], encode_audio(model, CLIP)[0], 20, tok.eot)
+    assert segment.tokens == [t for t in expected if t != tok.eot][: len(segment.tokens)]
+    beam = dict(SHORT, beam_size=3)
+    assert [s.tokens for s in other.transcribe(str(CLIP), **beam)[0]] == \
+        [s.tokens for s in model.transcribe(str(CLIP), **beam)[0]]
+    with pytest.raises(InvalidOptionError, match="steps_per_replay"):
+        load(OPENAI_PT, steps_per_replay=0)
+
+
 # --- the KV-cached decoder against the naive decoder -----------------------------------------
 
 

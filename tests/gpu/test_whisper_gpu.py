@@ -6,6 +6,8 @@ are exactly the samples load_audio returns times 32768.
 """
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +109,30 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
     assert calls["n"] == first
     assert model.decoder.graph.captured_keys() == [GreedyKey(1)]
     assert model.decoder.state.addresses() == addresses
+
+
+def test_triton_is_prepared_while_the_model_loads(data_dir):
+    """In a fresh process, loading a model on CUDA leaves Triton's installation hash and every
+    loaded kernel's source key computed (a helper thread did them during the load), and no kernel
+    has been compiled or loaded yet: the first transcription finds that work done."""
+    code = (
+        "import sys, torch, triton.runtime.cache as cache\n"
+        "from triton.runtime.jit import JITFunction\n"
+        "from ostinato import WhisperModel\n"
+        "assert cache.triton_key.cache_info().currsize == 0\n"
+        f"model = WhisperModel({str(data_dir / RANDOM_CKPT)!r}, device='cuda', compute_type='float16')\n"
+        "kernels = [v for n, m in list(sys.modules.items()) if n.startswith('ostinato.') and m\n"
+        "           for v in vars(m).values() if isinstance(v, JITFunction)]\n"
+        "print(cache.triton_key.cache_info().currsize, len(kernels), sum(k.hash is not None for k in kernels),\n"
+        "      sum(len(v[0]) for k in kernels for v in k.device_caches.values()))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    keyed, kernels, hashed, compiled = map(int, out.stdout.split())
+    assert keyed == 1 and kernels >= 5 and hashed == kernels and compiled == 0, out.stdout
 
 
 def test_one_copy_of_weights_and_memory_report(data_dir):

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ...audio import FRAMES_PER_SECOND, load_audio
 from ...checks import check_positive_int
 from ...errors import AudioError, InvalidOptionError, UnsupportedCheckpointError
+from ...ops.triton_support import prepared_in_background
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
     RowScheduler, host_values_to_device, memory_report, padded_host_batch, place_module, resolve_device, resolve_dtype,
@@ -103,13 +104,15 @@ class TransducerModel:
         decode_loop: str = "auto",
         cpu_threads: int = 0,
     ):
-        checkpoint = load_nemo(path)
-        sd = checkpoint.state_dict
-        preprocessor = MelPreprocessor(
-            checkpoint.config.preprocessor, sd.get("preprocessor.featurizer.window"), sd.get("preprocessor.featurizer.fb")
-        )
-        network = TransducerNetwork.from_nemo(checkpoint.config, sd, checkpoint.path)
-        del checkpoint.state_dict, sd
+        with prepared_in_background(resolve_device(device)):  # Triton's first-launch work, beside the load
+            checkpoint = load_nemo(path)
+            sd = checkpoint.state_dict
+            preprocessor = MelPreprocessor(
+                checkpoint.config.preprocessor, sd.get("preprocessor.featurizer.window"),
+                sd.get("preprocessor.featurizer.fb")
+            )
+            network = TransducerNetwork.from_nemo(checkpoint.config, sd, checkpoint.path)
+            del checkpoint.state_dict, sd
         self._setup(checkpoint.path, checkpoint.config, checkpoint.tokenizer, network, preprocessor, device,
                     compute_type, use_graphs, buckets=buckets, steps_per_replay=steps_per_replay,
                     max_full_context_seconds=max_full_context_seconds, chunk_seconds=chunk_seconds,

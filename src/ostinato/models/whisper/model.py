@@ -10,6 +10,7 @@ import torch
 
 from ...audio import load_audio, whisper_input_features
 from ...checks import check_positive_int
+from ...ops.triton_support import prepared_in_background
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
@@ -54,6 +55,9 @@ class WhisperModel:
     while-loop), "kstep" (graphs of K unrolled steps), "eager" (no graphs); ``use_graphs=False``
     is "eager". cpu_threads: PyTorch's intra-op threads for CPU work (process-wide); 0, the
     default, uses one per physical core on the CPU (see ``runtime.set_cpu_threads``).
+    steps_per_replay: decode steps per graph replay, or per trip of the device loop, between two
+    looks at the rows' done flags: more steps mean fewer launches and looks, fewer mean larger
+    models' graphs capture faster and a finished row waits fewer steps for its refill.
     """
 
     def __init__(
@@ -64,21 +68,24 @@ class WhisperModel:
         use_graphs: bool = True,
         decode_loop: str = "auto",
         cpu_threads: int = 0,
+        steps_per_replay: int = 8,
     ):
+        self.steps_per_replay = check_positive_int("steps_per_replay", steps_per_replay)
         self.device = resolve_device(device)
         self.cpu_threads = set_cpu_threads(cpu_threads, self.device)
         self.dtype = resolve_dtype(compute_type, self.device)
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         path = str(default_model_path()) if model is None else str(model)
-        checkpoint = load_checkpoint(path)
-        self.dims = checkpoint.dims
-        self.model_path = checkpoint.path
-        try:
-            whisper = Whisper.from_state_dict(checkpoint.dims, checkpoint.state_dict)
-        except (KeyError, RuntimeError) as exc:
-            raise ModelLoadError(f"checkpoint at {path} does not match Whisper's layout: {exc}") from None
-        del checkpoint.state_dict
-        self.model = place_module(whisper, self.device, self.dtype)
+        with prepared_in_background(self.device):  # Triton's first-launch work, beside the load
+            checkpoint = load_checkpoint(path)
+            self.dims = checkpoint.dims
+            self.model_path = checkpoint.path
+            try:
+                whisper = Whisper.from_state_dict(checkpoint.dims, checkpoint.state_dict)
+            except (KeyError, RuntimeError) as exc:
+                raise ModelLoadError(f"checkpoint at {path} does not match Whisper's layout: {exc}") from None
+            del checkpoint.state_dict
+            self.model = place_module(whisper, self.device, self.dtype)
         # One window per encoder call is how every transcription encodes. Eagerly that is about 400
         # launches: on the H100 large-v3's took 10.7 ms of host time for 5.6 ms of GPU work, and
         # tiny's 1.9 ms for 0.4 ms. One replay runs the same kernels (the same bits) for a launch.
@@ -143,7 +150,8 @@ class WhisperModel:
 
     def _window_decoder(self, **kwargs) -> WindowDecoder:
         with torch.inference_mode(False):  # plain tensors, as when the model was built
-            return WindowDecoder(self.model, self.tokenizer, self.device, decode_loop=self.decode_loop, **kwargs)
+            return WindowDecoder(self.model, self.tokenizer, self.device, decode_loop=self.decode_loop,
+                                 steps_per_replay=self.steps_per_replay, **kwargs)
 
     def seed(self, seed: Optional[int]) -> None:
         """Seed sampling at temperatures above zero (None: a random seed); see WindowDecoder.seed."""
