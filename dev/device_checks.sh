@@ -4,6 +4,8 @@
 #   PHASE=bench  ./dev/device_checks.sh   kernel bench, step profile, bench/whisper_gpu.py ($BENCH_ARGS)
 #   PHASE=verify ./dev/device_checks.sh   after a change to the step: its checks, the GPU tests and the bench
 #   PHASE=e2e    ./dev/device_checks.sh   bench/whisper_e2e.py on the real tiny.en beside transformers' pipeline ($E2E_ARGS)
+#   PHASE=first  ./dev/device_checks.sh   dev/first_call_profile.py: fresh processes, Triton cache cold then warm,
+#                                          random tiny and large-v3, large-v3 at 1, 2 and 8 steps per replay
 # Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
 cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
 [ -f /tmp/tiny/model.bin ] || cat $(ls /tmp/tiny/model.bin.* | sort -t. -k3 -n) > /tmp/tiny/model.bin
@@ -31,6 +33,15 @@ case "${PHASE:-tests}" in
     timeout ${PROFILE_S:-120} python dev/whisper_profile.py --sizes tiny large-v3 --batches 1 16 --top 15 --encoder large-v3 > $OUT/profile.txt 2>&1
     echo "profile rc=$?"; grep -E "==|kernels, kernel time" $OUT/profile.txt
     bench ;;
+  first)
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    for run in "tiny_cold --size tiny" "tiny_warm --size tiny" "tiny_b16 --size tiny --batch 16" \
+               "large_cold --size large-v3" "large_k8 --size large-v3" "large_k2 --size large-v3 --steps-per-replay 2" \
+               "large_k1 --size large-v3 --steps-per-replay 1"; do
+      set -- $run; name=$1; shift
+      timeout 120 python dev/first_call_profile.py --top 60 "$@" > $OUT/first_$name.txt 2>&1
+      echo "== $name rc=$?"; sed -n 2,9p $OUT/first_$name.txt
+    done ;;
   e2e)
     timeout ${E2E_S:-560} python bench/whisper_e2e.py --model /tmp/tiny --clips .carry/tiny_rest/clips --out $OUT $E2E_ARGS \
       > $OUT/e2e.txt 2>&1

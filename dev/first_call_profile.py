@@ -1,0 +1,135 @@
+"""Where a fresh process's first transcription spends its time (issue 16: first run vs warm).
+
+    PYTHONPATH=src python dev/first_call_profile.py [--size tiny|large-v3] [--model PATH] [--batch 1]
+        [--seconds 15] [--top 40] [--steps-per-replay 8]
+
+Loads a checkpoint (``--model``, else random weights of ``--size``), then transcribes ``--batch``
+copies of a synthetic clip twice: the first call under cProfile, the second timed warm. Prints each
+CUDA graph capture (graph name, bucket key, seconds: warm-ups included), each Triton compile or
+cache load, and the profile's heaviest functions by cumulative and own time. Run it twice with
+the same ``TRITON_CACHE_DIR`` to see the cache-warm case.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import tempfile
+import time
+from collections import defaultdict
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--steps-per-replay", type=int, default=8)
+    args = parser.parse_args()
+
+    start = time.perf_counter()
+    import numpy as np
+    import torch
+
+    t_torch = time.perf_counter() - start
+    from ostinato import WhisperModel
+    from ostinato.runtime import graphs
+
+    t_import = time.perf_counter() - start - t_torch
+    captures = []
+    original_capture = graphs.StepGraph.capture
+
+    def timed_capture(self, key, **inputs):
+        begin = time.perf_counter()
+        original_capture(self, key, **inputs)
+        captures.append((self.name, repr(key), time.perf_counter() - begin))
+
+    graphs.StepGraph.capture = timed_capture
+
+    compiles = []
+    try:
+        import triton.compiler.compiler as triton_compiler
+
+        original_compile = triton_compiler.compile
+
+        def timed_compile(src, *a, **k):
+            begin = time.perf_counter()
+            out = original_compile(src, *a, **k)
+            compiles.append((getattr(getattr(src, "fn", None), "__name__", str(src)[:40]), time.perf_counter() - begin))
+            return out
+
+        import triton.compiler
+
+        # JITFunction binds triton.compiler.compile when it first launches (Triton 3.x).
+        triton_compiler.compile = triton.compiler.compile = timed_compile
+    except ImportError:
+        pass
+
+    path = args.model
+    if path is None:
+        from ostinato.testing.random_models import random_whisper_checkpoint
+
+        dims, state = random_whisper_checkpoint(args.size, dtype=torch.float16)
+        path = tempfile.mkdtemp() + f"/{args.size}.pt"
+        torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
+    begin = time.perf_counter()
+    model = WhisperModel(path, device="cuda" if torch.cuda.is_available() else "cpu",
+                         steps_per_replay=args.steps_per_replay)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t_load = time.perf_counter() - begin
+    rng = np.random.default_rng(0)
+    t = np.arange(int(args.seconds * 16000)) / 16000.0
+    clip = (0.1 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) +
+            0.01 * rng.standard_normal(t.shape)).astype(np.float32)
+
+    def transcribe():
+        if args.batch == 1:
+            segments, _ = model.transcribe(clip, beam_size=1, temperature=0.0)
+            out = list(segments)
+        else:
+            out = model.transcribe_batch([clip] * args.batch, batch_size=args.batch, beam_size=1, temperature=0.0)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return out
+
+    profiler = cProfile.Profile()
+    begin = time.perf_counter()
+    profiler.enable()
+    transcribe()
+    profiler.disable()
+    t_first = time.perf_counter() - begin
+    first_captures, first_compiles = len(captures), len(compiles)
+    begin = time.perf_counter()
+    transcribe()
+    t_warm = time.perf_counter() - begin
+    print(f"model {args.model or 'random ' + args.size}, batch {args.batch}, {args.seconds:.0f} s clip, "
+          f"{args.steps_per_replay} steps per replay, "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
+    print(f"import torch {t_torch:.2f} s, import ostinato {t_import:.2f} s, load {t_load:.2f} s, "
+          f"first transcribe {t_first:.2f} s (under cProfile), warm {t_warm:.3f} s")
+    per_graph = defaultdict(lambda: [0, 0.0])
+    for name, key, seconds in captures[:first_captures]:
+        per_graph[name][0] += 1
+        per_graph[name][1] += seconds
+    print(f"\n{first_captures} captures in the first call, {sum(c[2] for c in captures[:first_captures]):.2f} s;"
+          f" {len(captures) - first_captures} in the warm call")
+    for name, (count, seconds) in sorted(per_graph.items(), key=lambda x: -x[1][1]):
+        print(f"  {name}: {count} captures, {seconds:.3f} s")
+    for name, key, seconds in captures[:first_captures][:30]:
+        print(f"    {seconds * 1e3:7.1f} ms  {name} {key}")
+    print(f"\n{first_compiles} Triton compiles/cache loads in the first call, {sum(c[1] for c in compiles):.2f} s")
+    for name, seconds in compiles[:30]:
+        print(f"    {seconds * 1e3:7.1f} ms  {name}")
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(args.top)
+        print(f"\n== first call, by {order} ==")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-12000:])
+
+
+if __name__ == "__main__":
+    main()
