@@ -180,21 +180,28 @@ def test_beam_windows_of_a_batch_are_independent(model, data_dir):
 
 @pytest.mark.parametrize("options", [SearchOptions(beam_size=5), SearchOptions(temperature=0.8, num_hypotheses=5)],
                          ids=["beams", "samples"])
-def test_beams_and_samples_read_only_their_first_rows_cross_attention(model, data_dir, options):
-    # A window's beams (or samples) share its cross-attention K/V: admission writes it into the
-    # group's first row only, and decoding never reads the others: NaN there changes nothing.
+def test_beams_and_samples_read_only_their_windows_cross_attention(model, data_dir, options):
+    # A window's beams (or samples) share its cross-attention K/V: the state holds one slot per
+    # window, admission writes the window's slot only, and decoding reads no other: NaN in the four
+    # slots a one-row-per-window state would have used changes nothing, and a state of one slot
+    # (a fifth of the bytes) decodes the same.
     features, prompt, tok = _window(model, data_dir, "c02_numbers.flac")
     request = WindowRequest(prompt, True, 50, 12, rng_seed=7)
     suppress = tok.suppressed_tokens([-1])
     decoder = WindowDecoder(model.model, tok, model.device, use_graphs=False, capacity=5)
+    compact = WindowDecoder(model.model, tok, model.device, use_graphs=False, capacity=10, windows=1)
+    assert decoder.state["cross_k"].shape[1] == 5 and compact.state["cross_k"].shape[1] == 1
     with torch.inference_mode():
         (clean,) = decoder.decode(features, [request], suppress, [], options)
         for name in ("cross_k", "cross_v"):
             decoder.state[name][:, 1:5].fill_(float("nan"))
         (poisoned,) = decoder.decode(features, [request], suppress, [], options)
-        assert torch.isnan(decoder.state["cross_k"][:, 1:5]).all()  # not written: rows 1-4 never needed them
-    assert poisoned.tokens == clean.tokens and len(clean.tokens) > 0
-    assert poisoned.score == clean.score and math.isfinite(clean.score)
+        assert torch.isnan(decoder.state["cross_k"][:, 1:5]).all()  # not written: slots 1-4 never needed
+        (alone,) = compact.decode(features, [request], suppress, [], options)
+        with pytest.raises(ValueError, match="2 windows at once; the decoder holds 1"):
+            compact.decode(features.expand(2, -1, -1), [request] * 2, suppress, [], options)
+    assert poisoned.tokens == clean.tokens == alone.tokens and len(clean.tokens) > 0
+    assert poisoned.score == clean.score == alone.score and math.isfinite(clean.score)
 
 
 def test_more_beams_than_the_state_holds_grows_it(model, data_dir):

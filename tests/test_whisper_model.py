@@ -365,6 +365,17 @@ def test_memory_report(model):
     assert report.device == "cpu"
 
 
+def test_cross_attention_kv_is_held_once_per_window(model):
+    """The K/V caches by hand: self-attention per row (5 beams of one window, or 16 windows x 5 beams
+    in an engine's state), cross-attention per window, since a window's beams and samples share it."""
+    dims = model.dims
+    per_position = 2 * dims.n_text_layer * dims.n_text_state * 4  # keys and values, float32
+    for decoder, rows, windows in ((model.decoder, 5, 1), (model.batch_decoder(16, 80), 80, 16)):
+        st = decoder.state
+        kv = sum(st[n].numel() * st[n].element_size() for n in ("self_k", "self_v", "cross_k", "cross_v"))
+        assert kv == per_position * (rows * dims.n_text_ctx + windows * dims.n_audio_ctx)
+
+
 # --- compute types -----------------------------------------------------------------------------
 
 

@@ -93,15 +93,16 @@ def test_cuda_graph_replay_equals_eager(b, seq):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("windows,beams", [(1, 5), (16, 5), (3, 2)])
 def test_beams_sharing_cross_kv(windows, beams, dtype):
-    """group=beams: every beam of a window attends over the window's one K/V row (a strided view, as
-    the decoder passes cross_k[::beams]), equal bit for bit to each beam on its own copy of it."""
+    """group=beams: every beam of a window attends over the window's one K/V row (the decoder's state
+    holds one per window: a view of its first rows; a strided view works alike), equal bit for bit
+    to each beam on its own copy of it."""
     torch.manual_seed(windows * beams)
     k_rows, v_rows = cache_views(windows * beams, 1500, dtype)
-    k, v = k_rows[::beams], v_rows[::beams]
     q = (torch.randn(windows * beams, HEADS, DIM, device="cuda") * 2).to(dtype)
-    grouped = decode_attention(q, k, v, group=beams)
-    alone = decode_attention(q, k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0))
-    assert torch.equal(grouped, alone)
+    for k, v in ((k_rows[:windows], v_rows[:windows]), (k_rows[::beams], v_rows[::beams])):
+        grouped = decode_attention(q, k, v, group=beams)
+        alone = decode_attention(q, k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0))
+        assert torch.equal(grouped, alone)
     assert rel_err(grouped, reference(q, k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0), None)) \
         < TOLERANCE[dtype]
     with pytest.raises(ValueError, match="groups of"):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ostinato import WhisperModel
-from ostinato.models.whisper.decoding import GreedyKey
+from ostinato.models.whisper.decoding import CrossKey, GreedyKey, PrefillKey
 from ostinato.runtime import device_loop, duplicated_parameters
 
 pytestmark = pytest.mark.gpu
@@ -67,8 +67,8 @@ def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
         long_prompt = dict(opts, initial_prompt=" one two three four five six seven eight nine ten")
         assert tokens_of(graph, audio, **long_prompt) == tokens_of(eager, audio, **long_prompt)
     decoder = graph.decoder
-    assert decoder._cross_graph.captured_keys() == [(1,)]
-    assert decoder._prefill_graph.captured_keys() == [(0, 1, 0)]  # the long prompt's head ran eagerly
+    assert decoder._cross_graph.captured_keys() == [CrossKey()]
+    assert decoder._prefill_graph.captured_keys() == [PrefillKey(0, 0, 1, 0)]  # the long prompt's head: eager
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

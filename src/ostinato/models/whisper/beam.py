@@ -291,6 +291,8 @@ class BeamRun(SlotTable):
         K = self.K = int(options.beam_size)
         if windows * K > dec.max_rows:
             raise ValueError(f"{windows} windows x beam size {K} need {windows * K} rows; the decoder holds {dec.max_rows}")
+        if windows > dec.windows:
+            raise ValueError(f"{windows} windows at once; the decoder holds {dec.windows}")
         if options.max_candidates < 1:
             raise ValueError("beam_size * patience must round to at least 1")
         self.windows = windows
@@ -321,7 +323,7 @@ class BeamRun(SlotTable):
         requests = [j.request for j in jobs]
         slots = self.take(len(requests))
         starts = [prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests]
-        self.decoder.admit_rows([slot * self.K for slot in slots], self.K, jobs, shared_audio=True)
+        self.decoder.admit_rows([slot * self.K for slot in slots], self.K, jobs)
         prefixed = [len(r.prompt) > start for r, start in zip(requests, starts)]
         if self.batch_prefix:
             prefixed = [any(prefixed)] * len(requests)

@@ -2,7 +2,9 @@
 
 ``WindowDecoder`` owns the device state of the decode loop (self-attention KV caches, the
 cross-attention K/V of the current windows, token and rule buffers), all allocated once at the
-largest batch size and written in place. A decode step is a plain function of that state: it
+largest batch size and written in place. A window's rows (its beams, or its samples) share one
+cross-attention K/V: that buffer holds one slot per window, not one per row (for large-v3 at 16
+windows of 5 beams, 3.1 GB instead of 15.7 GB). A decode step is a plain function of that state: it
 runs the decoder on each row's current token, applies Whisper's logit rules, picks the next token
 and feeds it back into the state, masking rows that are done. The runtime's ``StepGraph`` runs it
 eagerly (CPU, ``use_graphs=False``) or as a CUDA graph per batch bucket holding
@@ -68,15 +70,15 @@ PREFILL_GRAPH_TOKENS = 8
 
 
 class CrossKey(NamedTuple):
-    """The graph writing one window's cross-attention K/V into ``copies`` rows."""
-
-    copies: int
+    """The graph writing one window's cross-attention K/V into its slot (an input: one graph)."""
 
 
 class PrefillKey(NamedTuple):
-    """The graph running a prompt head of ``tokens`` tokens into the self-attention cache of ``row``."""
+    """The graph running a prompt head of ``tokens`` tokens into the self-attention cache of ``row``,
+    attending to the cross-attention K/V of ``slot``."""
 
     row: int
+    slot: int
     tokens: int
     logits_at: int  # the one position whose logits are made: the start of transcript's, when in the head
 
@@ -103,9 +105,12 @@ class WindowDecoder:
         steps_per_replay: int = 8,
         capacity: int = 1,
         decode_loop: str = "auto",
+        windows: Optional[int] = None,
     ):
         """``buckets``: batch sizes of plain greedy calls (one graph each). ``capacity``: rows the
         state holds at least, for beam search (windows x beam) and sampling (windows x best_of).
+        ``windows``: the most windows decoded at once, each with one cross-attention K/V slot
+        (at least the largest bucket; default: one per row).
         ``steps_per_replay``: steps per graph replay (and per look at the done flags).
         ``decode_loop``: the top rung (see ``runtime.resolve_decode_loop``); on "device", greedy
         and sampling calls loop on the device until a row finishes (beam search keeps K steps per
@@ -118,6 +123,7 @@ class WindowDecoder:
         dims = model.dims
         self.layout = VocabLayout(dims.n_vocab, tokenizer.eot, tokenizer.no_timestamps, tokenizer.timestamp_begin)
         self.max_rows = max(self.buckets[-1], int(capacity))
+        self.windows = self.max_rows if windows is None else max(self.buckets[-1], int(windows))
         self.state = self._allocate_state()
         # The one-kernel logit rules serve half-precision models on CUDA; float32 keeps PyTorch's
         # ops, so its results stay the same on every device.
@@ -183,8 +189,8 @@ class WindowDecoder:
         st = DeviceState(self.device)
         st.allocate("self_k", (layers, rows, dims.n_text_head, dims.n_text_ctx, head_dim), dtype)
         st.allocate("self_v", (layers, rows, dims.n_text_head, dims.n_text_ctx, head_dim), dtype)
-        st.allocate("cross_k", (layers, rows, dims.n_text_head, dims.n_audio_ctx, head_dim), dtype)
-        st.allocate("cross_v", (layers, rows, dims.n_text_head, dims.n_audio_ctx, head_dim), dtype)
+        st.allocate("cross_k", (layers, self.windows, dims.n_text_head, dims.n_audio_ctx, head_dim), dtype)
+        st.allocate("cross_v", (layers, self.windows, dims.n_text_head, dims.n_audio_ctx, head_dim), dtype)
         i64, f32, b = torch.int64, torch.float32, torch.bool
         st.allocate("token", (rows,), i64)  # the token each row feeds in next
         st.allocate("position", (rows,), i64)
@@ -306,15 +312,16 @@ class WindowDecoder:
 
     def run_decoder(self, rows: int, filled: Optional[int] = None, group: int = 1) -> Tensor:
         """One decoder step on each row's current token: float32 logits [rows, n_vocab]. ``filled``:
-        a bound on every row's position; ``group``: rows in groups of this size hold one window."""
+        a bound on every row's position; ``group``: rows in groups of this size hold one window, whose
+        cross-attention K/V is slot ``row // group``."""
         st = self.state
         return self.model.decoder(
             st["token"][:rows, None],
             st["position"][:rows, None],
             self._layer_views("self_k", rows),
             self._layer_views("self_v", rows),
-            self._layer_views("cross_k", rows),
-            self._layer_views("cross_v", rows),
+            self._layer_views("cross_k", rows // group),
+            self._layer_views("cross_v", rows // group),
             filled=filled,
             cross_group=group,
         )[:, 0]
@@ -460,21 +467,19 @@ class WindowDecoder:
         st["temperature"].fill_(options.temperature if options.sampling else 1.0)
         st["repetition_penalty"].fill_(options.repetition_penalty)
 
-    def admit_rows(self, first_rows: Sequence[int], per: int, jobs: Sequence[WindowJob],
-                   shared_audio: bool = False) -> None:
-        """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples).
-        ``shared_audio``: the rows are read as groups of ``per`` on the first row's cross-attention
-        K/V (beams, samples: ``run_decoder(group=per)``), so only that row's is written."""
+    def admit_rows(self, first_rows: Sequence[int], per: int, jobs: Sequence[WindowJob]) -> None:
+        """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples), which
+        a step reads as one group (``run_decoder(group=per)``) on the cross-attention K/V of slot
+        first_rows[i] // per."""
         st = self.state
         audio_features = concat_rows([j.audio_features for j in jobs])  # a view when they were one batch
         requests = [j.request for j in jobs]
-        copies = 1 if shared_audio else per
-        index = torch.tensor([first + j for first in first_rows for j in range(copies)], device=self.device)
+        slots = [first // per for first in first_rows]
+        index = torch.tensor(slots, device=self.device)
         for w in range(len(jobs)):  # one window at a time: its values do not depend on the others
-            self._cross_graph(CrossKey(copies), features=audio_features[w : w + 1],
-                              index=index[w * copies : (w + 1) * copies])
-        for first, req in zip(first_rows, requests):
-            self._prefill(first, req)
+            self._cross_graph(CrossKey(), features=audio_features[w : w + 1], index=index[w : w + 1])
+        for first, slot, req in zip(first_rows, slots, requests):
+            self._prefill(first, slot, req)
             window = req.rng_seed if req.rng_seed is not None else 0
             keys = torch.tensor([row_seed(window, j) for j in range(per)], dtype=torch.int64)
             st["rng_key"][first : first + per].copy_(keys)
@@ -511,7 +516,7 @@ class WindowDecoder:
         self.state[name].copy_(mask)
 
     def _write_cross(self, key: CrossKey, features: Tensor, index: Tensor) -> None:
-        """Project one window's cross-attention K/V ([1, n_audio_ctx, d] features) into rows ``index``."""
+        """Project one window's cross-attention K/V ([1, n_audio_ctx, d] features) into slot ``index``."""
         st = self.state
         layers = range(st["cross_k"].shape[0])
         self.model.decoder.write_cross_kv(
@@ -519,21 +524,22 @@ class WindowDecoder:
         )
 
     def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor) -> Tensor:
-        """The decoder over a prompt head [1, L] in ``key.row``'s caches: the float32 logits [1, n_vocab]
-        of position ``key.logits_at`` (the vocabulary product of every position would cost more than
-        the rest of a long prompt's prefill)."""
-        row = key.row
+        """The decoder over a prompt head [1, L] in ``key.row``'s self-attention caches and ``key.slot``'s
+        cross-attention K/V: the float32 logits [1, n_vocab] of position ``key.logits_at`` (the
+        vocabulary product of every position would cost more than the rest of a long prompt's prefill)."""
+        row, slot = key.row, key.slot
         return self.model.decoder(
             tokens, positions,
             [t[row : row + 1] for t in self._layer_views("self_k", self.max_rows)],
             [t[row : row + 1] for t in self._layer_views("self_v", self.max_rows)],
-            [t[row : row + 1] for t in self._layer_views("cross_k", self.max_rows)],
-            [t[row : row + 1] for t in self._layer_views("cross_v", self.max_rows)],
+            [t[slot : slot + 1] for t in self._layer_views("cross_k", self.windows)],
+            [t[slot : slot + 1] for t in self._layer_views("cross_v", self.windows)],
             logits_at=key.logits_at,
         )[0]
 
-    def _prefill(self, row: int, req: WindowRequest) -> None:
-        """Run the prompt's context into the row's KV cache; set the row's loop state.
+    def _prefill(self, row: int, slot: int, req: WindowRequest) -> None:
+        """Run the prompt's context into the row's KV cache (on the window's cross-attention ``slot``);
+        set the row's loop state.
 
         As CTranslate2: the context is the prompt before the last token of the start-of-transcript
         sequence; decoding starts from that token, and the prompt's remaining tokens are forced.
@@ -548,7 +554,7 @@ class WindowDecoder:
                 f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
             )
         if head:
-            key = PrefillKey(row, len(head), min(sot_index, len(head) - 1))
+            key = PrefillKey(row, slot, len(head), min(sot_index, len(head) - 1))
             tokens = torch.tensor([head], dtype=torch.long, device=self.device)
             positions = torch.arange(len(head), device=self.device)[None, :]
             run = self._prefill_graph if len(head) <= PREFILL_GRAPH_TOKENS else self._prefill_head
@@ -595,6 +601,8 @@ class GreedyRun(SlotTable):
                 raise ValueError(
                     f"{windows} windows x {self.per} samples need {rows} rows; the decoder holds {decoder.max_rows}"
                 )
+        if rows // self.per > decoder.windows:
+            raise ValueError(f"{windows} windows at once; the decoder holds {decoder.windows}")
         self.key = GreedyKey(rows, options.sampling, penalize, ngram, self.per)
         self.graph = decoder.sample_graph if options.sampling else decoder.graph
         self.windows = windows
@@ -608,8 +616,7 @@ class GreedyRun(SlotTable):
         """Load windows into free slots; returns their slot numbers."""
         slots = self.take(len(jobs))
         firsts = [slot * self.per for slot in slots]
-        # a window's samples read its cross-attention K/V from their first row (written there alone)
-        self.decoder.admit_rows(firsts, self.per, jobs, shared_audio=self.per > 1)
+        self.decoder.admit_rows(firsts, self.per, jobs)  # a window's samples read one cross-attention K/V
         for slot, first in zip(slots, firsts):
             self.occupy(slot, first)
         return slots

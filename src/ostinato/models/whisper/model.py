@@ -98,7 +98,7 @@ class WhisperModel:
             checkpoint.tokenizer_file, self.dims.is_multilingual, self.dims.num_languages
         )
         # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
-        self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS)
+        self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS, windows=1)
         log.debug("decode loop on %s: %s", self.device, self.decoder.loop_rung)  # load_model logs it at INFO
         self._batch_decoders = {}
 
@@ -133,8 +133,9 @@ class WhisperModel:
         """Decode windows greedily, by sampling or by beam search (``options``; greedy by default)."""
         options = options or SearchOptions()
         rows = self.decoder.rows_for(len(requests), options)
-        if rows > self.decoder.max_rows:  # more beams or samples than the state holds: grow it once
-            grown = self._window_decoder(capacity=rows)
+        if rows > self.decoder.max_rows or len(requests) > self.decoder.windows:  # grow the state once
+            grown = self._window_decoder(capacity=max(rows, self.decoder.max_rows),
+                                         windows=max(len(requests), self.decoder.windows))
             grown.continue_from(self.decoder)
             self.decoder = grown
         with strict_float32(self.device, self.dtype):
@@ -145,7 +146,8 @@ class WhisperModel:
         key = (windows, rows)
         if key not in self._batch_decoders:
             self._batch_decoders.clear()  # one batch state at a time: its memory goes back first
-            self._batch_decoders[key] = self._window_decoder(buckets=buckets_up_to(windows), capacity=rows)
+            self._batch_decoders[key] = self._window_decoder(buckets=buckets_up_to(windows), capacity=rows,
+                                                             windows=windows)
         return self._batch_decoders[key]
 
     def _window_decoder(self, **kwargs) -> WindowDecoder:

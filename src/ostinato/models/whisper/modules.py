@@ -105,15 +105,15 @@ class MultiHeadAttention(nn.Module):
         return q, self.split_heads(k), self.split_heads(v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, group: int = 1) -> Tensor:
-        """Attention of ``q`` [B, T, d] over ``k``/``v`` [B, H, S, D]. ``group`` > 1: consecutive rows
-        in groups of that size hold the same keys and values (a window's beams), read once per group."""
+        """Attention of ``q`` [B, T, d] over ``k``/``v`` [B / group, H, S, D]: ``group`` > 1, consecutive
+        rows in groups of that size share one row of keys and values (a window's beams)."""
         q = self.split_heads(q)
         if group == 1:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             b, h, t, d = q.shape
             q = q.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
-            out = F.scaled_dot_product_attention(q, k[::group], v[::group], attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             out = out.view(b // group, h, group, t, d).transpose(1, 2).reshape(b, h, t, d)
         return _linear(self.out, self.merge_heads(out))
 
@@ -183,8 +183,7 @@ class ResidualAttentionBlock(nn.Module):
         x = skinny.linear(a.reshape(b, d), attn.out.weight, attn.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.cross_attn_ln.weight, self.cross_attn_ln.bias, self.cross_attn_ln.eps)[1]
         q = skinny.linear(h, cross.query.weight, cross.query.bias)
-        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k[::cross_group], cross_v[::cross_group],
-                                           group=cross_group)
+        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k, cross_v, group=cross_group)
         x = skinny.linear(a.reshape(b, d), cross.out.weight, cross.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.mlp_ln.weight, self.mlp_ln.bias, self.mlp_ln.eps)[1]
         hidden = skinny.linear(h, self.mlp[0].weight, self.mlp[0].bias, gelu=True)
@@ -293,8 +292,9 @@ class TextDecoder(nn.Module):
         ``self_k``/``self_v`` are per-layer caches [B, H, n_ctx, D] (views of persistent buffers);
         keys at positions greater than a query's own position are masked, so stale cache entries
         never leak into the result. ``filled``: a bound on every position (the keys past it are not
-        read). ``cross_group``: rows in consecutive groups of this size share their cross-attention
-        keys and values (a window's beams), which are then read once per group. ``logits_at``: the
+        read). ``cross_group``: rows in consecutive groups of this size share one row of the
+        cross-attention caches (a window's beams: ``cross_k``/``cross_v`` are [B / group, H, S, D]),
+        read once per group. ``logits_at``: the
         logits of that position only ([B, 1, n_vocab]).
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
