@@ -142,3 +142,15 @@ def test_bad_shapes_raise():
         log_mel_spectrogram(np.zeros((2, 100), np.float32))
     with pytest.raises(AudioError):
         log_mel_spectrogram(np.zeros(0, np.float32))
+
+
+def test_blocks_of_frames_give_the_one_block_result(monkeypatch):
+    """Frames go to their mel bins a block at a time (bounded temporaries); the blocks' seams are
+    invisible: the same bits as one block over all the frames, at a block size that divides nothing."""
+    import ostinato.audio.features as features
+
+    audio = (np.random.default_rng(3).standard_normal(16000 * 47) * 0.1).astype(np.float32)
+    monkeypatch.setattr(features, "_FFT_BLOCK", 1 << 30)
+    whole = whisper_input_features(audio, 80)
+    monkeypatch.setattr(features, "_FFT_BLOCK", 333)
+    assert torch.equal(whisper_input_features(audio, 80), whole)
