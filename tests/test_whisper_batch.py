@@ -149,3 +149,16 @@ def test_a_failure_in_the_scheduler_stops_the_batch_without_hanging(model, data_
     monkeypatch.undo()
     # The model still works afterwards, batched and alone.
     assert _batched(model, paths[:1], 2, beam_size=1) == _alone(model, paths[:1], beam_size=1)
+
+
+@pytest.mark.parametrize("options,rows", [
+    (dict(beam_size=1, temperature=0.0), 1),  # greedy alone: best_of samples nothing
+    (dict(beam_size=1), 5),  # greedy, falling back to best_of=5 samples
+    (dict(beam_size=3, best_of=2, temperature=(0.0, 0.5)), 3),
+    (dict(beam_size=3, best_of=4, temperature=0.7), 4),  # sampling only: no beams
+])
+def test_the_state_holds_the_rows_the_options_can_take(model, data_dir, options, rows):
+    assert model.options(**options).rows_per_window == rows
+    paths = [str(data_dir / "clips" / "c01_hello_short.flac")] * 2
+    model.transcribe_batch(paths, batch_size=2, **options)
+    assert list(model._batch_decoders) == [(2, 2 * rows)]  # two windows' rows, no more

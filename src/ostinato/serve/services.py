@@ -48,7 +48,7 @@ class WhisperService:
         """A short transcription with the server's options at temperature 0 (and a greedy one, if those
         search), so the first request pays for no graph capture or compile."""
         runs = [self.options(temperature=0.0)]
-        if max(runs[0].beam_size, runs[0].best_of) > 1:
+        if runs[0].rows_per_window > 1:
             runs.append(self.options(beam_size=1, best_of=1, temperature=0.0))
         for options in runs:
             self.submit(_tone(self.sample_rate), options).result(timeout=600)

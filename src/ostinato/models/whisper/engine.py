@@ -215,7 +215,7 @@ class TranscriptionEngine:
     # -- what callers use ------------------------------------------------------------------------
     def submit(self, audio, options: TranscribeOptions, on_segment: Optional[Callable[[Any], None]] = None) -> Job:
         """Queue one audio with its own (validated) options; thread-safe."""
-        if max(options.beam_size, options.best_of) > self.search:
+        if options.rows_per_window > self.search:
             raise InvalidOptionError(
                 f"beam_size and best_of can be at most {self.search} here, got {options.beam_size} and {options.best_of}"
             )

@@ -257,10 +257,9 @@ class WhisperModel:
         audios = list(audios)
         if not audios:
             return []
-        search = max(transcribe_options.beam_size, transcribe_options.best_of)
         # Batched: each audio brings many chunks, which fill the rows however few the audios.
         windows = batch_size if transcribe_options.batched else min(batch_size, len(audios))
-        engine = TranscriptionEngine(self, windows, search)
+        engine = TranscriptionEngine(self, windows, transcribe_options.rows_per_window)
         jobs = [engine.submit(audio, transcribe_options) for audio in audios]
         engine.run()
         outcomes = [job.outcome for job in jobs]

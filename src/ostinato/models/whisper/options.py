@@ -202,6 +202,15 @@ class TranscribeOptions:
         t = self.temperature
         return [float(x) for x in t] if isinstance(t, (list, tuple)) else [float(t)]
 
+    @property
+    def rows_per_window(self) -> int:
+        """Decoder rows one window takes at most: ``beam_size`` at temperature 0, ``best_of`` above it
+        (``best_of`` takes none where no temperature samples)."""
+        temps = self.temperatures
+        beams = self.beam_size if 0.0 in temps else 1
+        samples = self.best_of if any(t > 0 for t in temps) else 1
+        return max(beams, samples)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
