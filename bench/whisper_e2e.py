@@ -115,15 +115,21 @@ def timed(fn, device: str):
 
 
 class PhasePeaks:
-    """The peak GPU memory allocated while each phase ran, over a whole run.
+    """The peak GPU memory allocated while each phase ran, over a whole run, and the time the
+    thread that runs the model (the engine's, or the caller's for one audio at a time) spent in
+    each phase since ``reset_times``.
 
     Methods are wrapped on their classes (``wrap``). Entering or leaving a phase folds the peak so
     far into every open phase and the overall peak, then resets PyTorch's peak counter; a phase
-    nested in another (an admission inside a decode step) counts for both.
+    nested in another (an admission inside a decode step) counts for both. Times are wall-clock,
+    without synchronizing: a graph replay returns once launched, so the GPU's decode time shows
+    where the host waits for it (``collect``, which reads the rows' done flags).
     """
 
-    def __init__(self):
+    def __init__(self, memory: bool = True):
+        self.memory = memory
         self.peaks: Dict[str, int] = {}
+        self.seconds: Dict[str, float] = {}
         self.overall = self.overall_reserved = 0
         self._open: List[str] = []
 
@@ -133,14 +139,21 @@ class PhasePeaks:
         @functools.wraps(original)
         def wrapped(*args, **kwargs):
             self._enter(phase)
+            start = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
                 self._leave()
 
         setattr(owner, name, wrapped)
 
+    def reset_times(self) -> None:
+        self.seconds = {}
+
     def _fold(self) -> None:
+        if not self.memory:
+            return
         import torch
 
         peak = torch.cuda.max_memory_allocated()
@@ -174,6 +187,8 @@ def install_phases(tracker: PhasePeaks) -> None:
     tracker.wrap(WindowDecoder, "admit_rows", "prefill")
     tracker.wrap(GreedyRun, "advance", "decode")
     tracker.wrap(BeamRun, "advance", "decode")
+    tracker.wrap(GreedyRun, "collect", "collect")
+    tracker.wrap(BeamRun, "collect", "collect")
     tracker.wrap(WhisperModel, "align", "word alignment")
 
 
@@ -191,9 +206,8 @@ def ours_worker(args, config: dict) -> dict:
     from ostinato import WhisperModel
 
     on_gpu = args.device.startswith("cuda")
-    tracker = PhasePeaks() if on_gpu else None
-    if tracker:
-        install_phases(tracker)
+    tracker = PhasePeaks(memory=on_gpu)
+    install_phases(tracker)
     model = WhisperModel(args.model, device=args.device, compute_type=args.dtype,
                          steps_per_replay=args.steps_per_replay)
     _sync(args.device)
@@ -209,10 +223,15 @@ def ours_worker(args, config: dict) -> dict:
                 for segments, _ in model.transcribe_batch(audios, batch_size=batch, **options)]
 
     first, texts = timed(run, args.device)
-    warm = [timed(run, args.device)[0] for _ in range(args.repeats)]
+    first_seconds = tracker.seconds
+    warm = []
+    for _ in range(args.repeats):
+        tracker.reset_times()
+        warm.append(timed(run, args.device)[0])
     out = dict(load=load, first=first, warm=min(warm, default=first), texts=texts,
-               audio=sum(map(len, audios)) / SAMPLE_RATE)
-    if tracker:
+               audio=sum(map(len, audios)) / SAMPLE_RATE, first_seconds=first_seconds,
+               last_seconds=tracker.seconds, last_wall=warm[-1] if warm else first)
+    if on_gpu:
         out["phases"] = tracker.result()
         out.update(peak_allocated=tracker.overall, peak_reserved=tracker.overall_reserved)
     return out
@@ -449,6 +468,21 @@ def main(argv=None) -> None:
                      f"{gib(peer.get('peak_allocated'))} / {gib(peer.get('peak_reserved'))}",
                      *[gib(phases.get(p)) for p in PHASES]])
     table(["configuration", "ostinato", "pipeline", *PHASES], rows)
+
+    print("\n== where ostinato's calls went on the thread that runs the model, seconds: the first call, then the"
+          " last warm one ==")
+    timed_phases = ("features", "encoder", "prefill", "decode", "collect", "word alignment")
+    rows = []
+    for name in args.configs:
+        ours = results[name]["ours"]
+        for label, seconds, wall in (("first", ours.get("first_seconds"), ours.get("first")),
+                                     ("warm", ours.get("last_seconds"), ours.get("last_wall"))):
+            if seconds is None:
+                continue
+            rows.append([CONFIGS[name]["label"], label, f"{wall:.3f}",
+                         *[f"{seconds.get(p, 0.0):.3f}" for p in timed_phases],
+                         f"{wall - sum(seconds.values()):.3f}"])
+    table(["configuration", "call", "wall", *timed_phases, "elsewhere (waiting for workers, Python)"], rows)
 
     print(f"\n== a fresh process: the first transcript of {TTFT_SECONDS:.0f} s of speech, seconds ==")
     ttft = {}
