@@ -170,3 +170,30 @@ def test_concat_rows_is_a_view_of_consecutive_slices_and_a_copy_otherwise():
     other = torch.zeros(1, 3, 2)
     assert torch.equal(concat_rows([batch[0:1], other]), torch.cat([batch[0:1], other]))
     assert concat_rows([batch[3:4]]) is not None and torch.equal(concat_rows([batch[3:4]]), batch[3:4])
+
+
+def test_one_cpu_thread_here_touches_only_the_calling_thread():
+    import threading
+
+    from ostinato.runtime import device as device_module
+    from ostinato.runtime import one_cpu_thread_here
+
+    if device_module._openmp_runtime() is None:
+        pytest.skip("no OpenMP runtime in this process")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a caller with threads to keep
+    seen = {}
+
+    def helper():
+        seen["took"] = one_cpu_thread_here()
+        seen["here"] = torch.get_num_threads()
+        torch.ones(1 << 20).add_(1)  # a parallelisable op runs on this thread alone, and works
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+    try:
+        assert seen == {"took": True, "here": 1}
+        assert torch.get_num_threads() == 2  # the caller's threads stay
+    finally:
+        torch.set_num_threads(before)

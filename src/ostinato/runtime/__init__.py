@@ -2,7 +2,8 @@
 ladder and the device loop, batch-size buckets, and the row scheduler. Nothing here knows a model."""
 from .buckets import DEFAULT_BUCKETS, bucket_for, buckets_up_to
 from .device import (
-    default_cpu_threads, parse_device, resolve_device, resolve_dtype, set_cpu_threads, strict_float32,
+    default_cpu_threads, one_cpu_thread_here, parse_device, resolve_device, resolve_dtype, set_cpu_threads,
+    strict_float32,
 )
 from .graphs import DECODE_LOOPS, StepGraph, graphs_supported, loop_rung, resolve_decode_loop
 from .scheduler import RowScheduler, SlotTable, Ticket, store_at
@@ -34,6 +35,7 @@ __all__ = [
     "resolve_decode_loop",
     "resolve_device",
     "resolve_dtype",
+    "one_cpu_thread_here",
     "set_cpu_threads",
     "storage_bytes",
     "store_at",

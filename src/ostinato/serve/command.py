@@ -39,8 +39,13 @@ def parse_models(specs: Optional[List[str]]) -> List[Tuple[str, Optional[str]]]:
 def build_services(models: List[Tuple[str, Optional[str]]], *, device: str, compute_type: str, decode_loop: str,
                    batch_size: int, max_search: int, defaults: Dict) -> Dict[str, object]:
     from ..loading import load_model
+    from ..runtime import one_cpu_thread_here
     from .services import TransducerService, WhisperService
 
+    # This thread loads the models and then only serves HTTP; each engine runs on a thread of its
+    # own. An OpenMP team formed here by the load would make the engines' parallel CPU operators
+    # wait for sleeping threads (see one_cpu_thread_here), so this thread's torch work is serial.
+    one_cpu_thread_here()
     services = {}
     for name, path in models:
         model = load_model(path, device=device, compute_type=compute_type, decode_loop=decode_loop)

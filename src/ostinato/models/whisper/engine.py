@@ -39,7 +39,7 @@ import torch
 from ...audio import load_audio
 from ...audio.vad import resolve_backend
 from ...errors import InvalidOptionError, OstinatoError
-from ...runtime import RowScheduler, Ticket, strict_float32
+from ...runtime import RowScheduler, Ticket, one_cpu_thread_here, strict_float32
 from .search import SearchOptions, WindowJob, window_seed
 from .options import TranscribeOptions
 from .transcribe import transcribe_samples
@@ -168,6 +168,7 @@ class _Worker(threading.Thread):
     def run(self) -> None:
         job = self.job
         outcome: Any
+        one_cpu_thread_here()  # its host work must not slow the engine thread's parallel CPU ops
         try:
             with torch.inference_mode():
                 samples = load_audio(job.audio)
