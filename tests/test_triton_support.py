@@ -80,3 +80,19 @@ def test_a_failed_preparation_is_only_logged(recording_triton, monkeypatch, capl
         with triton_support.prepared_in_background(torch.device("cuda")):
             pass
     assert "no ptxas here" in caplog.text
+
+
+def test_a_hung_preparation_does_not_hold_the_load(recording_triton, monkeypatch, caplog):
+    release = threading.Event()
+
+    def hung():
+        release.wait(30)
+
+    monkeypatch.setattr(sys.modules["triton.runtime.cache"], "triton_key", hung)
+    monkeypatch.setattr(triton_support, "PREPARE_WAIT_S", 0.2)
+    start = time.perf_counter()
+    with caplog.at_level("WARNING", logger="ostinato.ops.triton_support"):
+        with triton_support.prepared_in_background(torch.device("cuda")):
+            pass
+    release.set()
+    assert time.perf_counter() - start < 5 and "still running" in caplog.text

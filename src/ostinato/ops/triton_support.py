@@ -123,6 +123,9 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
     return buf
 
 
+PREPARE_WAIT_S = 60.0  # the longest a model's load waits for Triton's preparation (normally < 1 s)
+
+
 @contextlib.contextmanager
 def prepared_in_background(device) -> Iterator[None]:
     """Do Triton's once-per-process preparation on a helper thread while the block loads weights.
@@ -144,7 +147,9 @@ def prepared_in_background(device) -> Iterator[None]:
         yield
     finally:
         if thread is not None:
-            thread.join()
+            thread.join(PREPARE_WAIT_S)
+            if thread.is_alive():  # a hung ptxas, say: go on; Triton does the rest at first launch
+                log.warning("Triton's preparation is still running after %.0f s; not waiting for it", PREPARE_WAIT_S)
 
 
 def _prepare(device: torch.device) -> None:  # pragma: no cover - needs Triton and CUDA
