@@ -224,4 +224,3 @@ def _openmp_runtime():
             if hasattr(runtime, "omp_set_num_threads"):
                 return runtime
     return None
-

@@ -323,7 +323,7 @@ class BeamRun(SlotTable):
         requests = [j.request for j in jobs]
         slots = self.take(len(requests))
         starts = [prompt_length(r.prompt, tok.sot, tok.no_timestamps) for r in requests]
-        self.decoder.admit_rows([slot * self.K for slot in slots], self.K, jobs)
+        self.decoder.admit_rows(slots, self.K, jobs)
         prefixed = [len(r.prompt) > start for r, start in zip(requests, starts)]
         if self.batch_prefix:
             prefixed = [any(prefixed)] * len(requests)

@@ -467,15 +467,15 @@ class WindowDecoder:
         st["temperature"].fill_(options.temperature if options.sampling else 1.0)
         st["repetition_penalty"].fill_(options.repetition_penalty)
 
-    def admit_rows(self, first_rows: Sequence[int], per: int, jobs: Sequence[WindowJob]) -> None:
-        """Load window i into rows first_rows[i] .. first_rows[i] + per - 1 (beams or samples), which
-        a step reads as one group (``run_decoder(group=per)``) on the cross-attention K/V of slot
-        first_rows[i] // per."""
+    def admit_rows(self, slots: Sequence[int], per: int, jobs: Sequence[WindowJob]) -> None:
+        """Load window i into slot slots[i]: rows slots[i] * per .. slots[i] * per + per - 1 (beams or
+        samples), which a step reads as one group (``run_decoder(group=per)``) on the slot's
+        cross-attention K/V."""
         st = self.state
         audio_features = concat_rows([j.audio_features for j in jobs])  # a view when they were one batch
         requests = [j.request for j in jobs]
-        slots = [first // per for first in first_rows]
-        index = torch.tensor(slots, device=self.device)
+        first_rows = [slot * per for slot in slots]
+        index = torch.tensor(list(slots), device=self.device)
         for w in range(len(jobs)):  # one window at a time: its values do not depend on the others
             self._cross_graph(CrossKey(), features=audio_features[w : w + 1], index=index[w : w + 1])
         for first, slot, req in zip(first_rows, slots, requests):
@@ -615,10 +615,9 @@ class GreedyRun(SlotTable):
     def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
         """Load windows into free slots; returns their slot numbers."""
         slots = self.take(len(jobs))
-        firsts = [slot * self.per for slot in slots]
-        self.decoder.admit_rows(firsts, self.per, jobs)  # a window's samples read one cross-attention K/V
-        for slot, first in zip(slots, firsts):
-            self.occupy(slot, first)
+        self.decoder.admit_rows(slots, self.per, jobs)  # a window's samples read one cross-attention K/V
+        for slot in slots:
+            self.occupy(slot, slot * self.per)
         return slots
 
     def advance(self, refill: bool = True) -> None:

@@ -10,8 +10,8 @@ import torch
 
 from ...audio import load_audio, whisper_input_features
 from ...checks import check_positive_int
-from ...ops.triton_support import prepared_in_background
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
+from ...ops.triton_support import prepared_in_background
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
     StepGraph, buckets_up_to, memory_report, place_module, resolve_decode_loop, resolve_device, resolve_dtype,
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 AudioInput = Union[str, Path, bytes, np.ndarray, torch.Tensor]
 # decoder rows allocated up front: one window under the default options (5 beams, or best_of=5 samples)
-DEFAULT_DECODE_ROWS = max(TranscribeOptions.beam_size, TranscribeOptions.best_of)
+DEFAULT_DECODE_ROWS = TranscribeOptions().rows_per_window
 DEFAULT_BATCH_SIZE = 8  # chunks decoded together by transcribe(batched=True): faster-whisper's default
 
 
