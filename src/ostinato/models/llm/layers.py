@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...ops import delta_rule as delta_kernel
+from ...ops.attention import attention
 from .config import LLMConfig
 from .delta_rule import chunked_delta_rule, recurrent_delta_step
 
@@ -142,12 +143,12 @@ class Attention(nn.Module):
         cache_v[rows, :, start:start + t] = v
         gqa = self.heads != self.kv_heads
         if start == 0:  # the whole prompt so far is this chunk: plain causal attention (flash kernels)
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, scale=self.scale,
+            out = attention(q.transpose(1, 2), k, v, is_causal=True, scale=self.scale,
                                                  enable_gqa=gqa)
         else:
             keys, values = cache_k[rows, :, :start + t], cache_v[rows, :, :start + t]
             causal = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=causal,
+            out = attention(q.transpose(1, 2), keys, values, attn_mask=causal,
                                                  scale=self.scale, enable_gqa=gqa)
         return self._finish(out.transpose(1, 2).reshape(g, t, -1), gate)
 

@@ -167,6 +167,9 @@ class RelPositionAttention(nn.Module):
             q_u, bias = kernels.relpos_bias(q, p, self.pos_bias_u, self.pos_bias_v, key_bias, scale)
             k = qkv[..., d:2 * d].view(b, t, h, dk).transpose(1, 2)
             v = qkv[..., 2 * d:].view(b, t, h, dk).transpose(1, 2)
+            # PyTorch's own backend choice (cuDNN on Hopper), unlike ops.attention: each new batch length
+            # costs cuDNN a plan (20-70 ms), but with this float bias its kernel measured 2.4-3.7x the
+            # flash/memory-efficient ones on an H200 (batch 128 x 188 frames, 32 x 750).
             out = F.scaled_dot_product_attention(q_u.transpose(1, 2), k, v, attn_mask=bias)
             return self.linear_out(out.transpose(1, 2).reshape(b, t, d))
         if key_bias is not None:

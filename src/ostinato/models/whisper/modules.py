@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ...ops import decode_attention as attention_ops
 from ...ops import cpu_linear, skinny
+from ...ops.attention import attention
 from ...ops.triton_support import kernels_can_run
 from .config import WhisperDims
 
@@ -109,11 +110,11 @@ class MultiHeadAttention(nn.Module):
         rows in groups of that size share one row of keys and values (a window's beams)."""
         q = self.split_heads(q)
         if group == 1:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = attention(q, k, v, attn_mask=mask)
         else:
             b, h, t, d = q.shape
             q = q.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = attention(q, k, v, attn_mask=mask)
             out = out.view(b // group, h, group, t, d).transpose(1, 2).reshape(b, h, t, d)
         return _linear(self.out, self.merge_heads(out))
 
@@ -200,7 +201,7 @@ class ResidualAttentionBlock(nn.Module):
         h = self.attn_ln(x)
         q = self.attn.split_heads(self.attn.query(h))
         k, v = self.attn.project_kv(h)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = attention(q, k, v, is_causal=True)
         x = x + self.attn.out(self.attn.merge_heads(out))
         h = self.cross_attn_ln(x)
         q = self.cross_attn.query(h)
