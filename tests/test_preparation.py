@@ -1,7 +1,9 @@
-"""ops.triton_support.prepared_in_background: Triton's once-per-process work on a helper thread.
+"""runtime.preparation.prepared_in_background: Triton's once-per-process work and CUDA's libraries
+loaded on a helper thread while a model loads.
 
-Triton is not installed on the CPU machines, so the Triton calls are stood in for by recording
-modules; the GPU test (tests/gpu/test_whisper_gpu.py) checks the real ones after a model load."""
+Triton and CUDA are not on the CPU machines, so the Triton calls and the library loading are stood in
+for by recorders; the GPU test (tests/gpu/test_whisper_gpu.py) checks the real ones after a model load."""
+import collections
 import sys
 import threading
 import time
@@ -11,18 +13,20 @@ import pytest
 import torch
 
 from ostinato.ops import triton_support
+from ostinato.runtime import preparation
 
 
 def test_no_helper_thread_where_kernels_cannot_run():
     before = set(threading.enumerate())
-    with triton_support.prepared_in_background(torch.device("cpu")):
+    with preparation.prepared_in_background(torch.device("cpu")):
         started = [t for t in threading.enumerate() if t not in before]
     assert started == []
 
 
 @pytest.fixture
 def recording_triton(monkeypatch):
-    """Stand-ins for the Triton entry points _prepare calls; each records its thread."""
+    """Stand-ins for the Triton entry points ``triton_support.prepare`` calls and for the library
+    loading; each records its thread."""
     calls = []
 
     def record(name, result=None, delay=0.0):
@@ -40,6 +44,9 @@ def recording_triton(monkeypatch):
             return types.SimpleNamespace(hash=record("options.hash", "options"))
 
     class JITFunction:
+        def __init__(self):
+            self.device_caches = collections.defaultdict(tuple)  # as Triton: made on first look
+
         @property
         def cache_key(self):
             calls.append(("cache_key", threading.current_thread().name))
@@ -50,7 +57,8 @@ def recording_triton(monkeypatch):
         "triton.compiler": types.ModuleType("triton.compiler"),
         "triton.compiler.compiler": types.SimpleNamespace(make_backend=lambda target: Backend()),
         "triton.runtime": types.SimpleNamespace(driver=types.SimpleNamespace(
-            active=types.SimpleNamespace(get_current_target=record("target", "sm90")))),
+            active=types.SimpleNamespace(get_current_target=record("target", "sm90"),
+                                         get_current_device=record("device", 0)))),
         "triton.runtime.cache": types.SimpleNamespace(triton_key=record("triton_key", "key", delay=0.2)),
         "triton.runtime.jit": types.SimpleNamespace(JITFunction=JITFunction),
         "ostinato._fake_kernels": types.SimpleNamespace(kernel=JITFunction(), other=3),
@@ -59,16 +67,20 @@ def recording_triton(monkeypatch):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(triton_support, "kernels_can_run", lambda device: True)
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(preparation, "load_cuda_libraries", record("libraries"))
     return calls
 
 
 def test_preparation_runs_beside_the_block_and_is_done_when_it_ends(recording_triton):
     calls = recording_triton
-    with triton_support.prepared_in_background(torch.device("cuda")):
+    with preparation.prepared_in_background(torch.device("cuda")):
         assert calls == []  # the 0.2-s hash is still running: the block was not held up
     names = [name for name, _ in calls]
     assert names[:1] == ["triton_key"] and {"target", "backend.hash", "options.hash", "cache_key"} <= set(names)
-    assert {thread for _, thread in calls} == {"ostinato-triton-prepare"}
+    assert names[-1] == "libraries"
+    assert {thread for _, thread in calls} == {"ostinato-prepare"}
+    kernel = sys.modules["ostinato._fake_kernels"].kernel
+    assert list(kernel.device_caches) == [0]  # its binder was made for the current device
 
 
 def test_a_failed_preparation_is_only_logged(recording_triton, monkeypatch, caplog):
@@ -76,10 +88,22 @@ def test_a_failed_preparation_is_only_logged(recording_triton, monkeypatch, capl
         raise RuntimeError("no ptxas here")
 
     monkeypatch.setattr(sys.modules["triton.runtime.cache"], "triton_key", broken)
-    with caplog.at_level("DEBUG", logger="ostinato.ops.triton_support"):
-        with triton_support.prepared_in_background(torch.device("cuda")):
+    with caplog.at_level("DEBUG", logger="ostinato"):
+        with preparation.prepared_in_background(torch.device("cuda")):
             pass
     assert "no ptxas here" in caplog.text
+    assert [name for name, _ in recording_triton][-1] == "libraries"  # the libraries still load
+
+
+def test_a_failed_library_load_is_only_logged(recording_triton, monkeypatch, caplog):
+    def broken():
+        raise RuntimeError("no cuDNN here")
+
+    monkeypatch.setattr(preparation, "load_cuda_libraries", lambda device: broken())
+    with caplog.at_level("DEBUG", logger="ostinato"):
+        with preparation.prepared_in_background(torch.device("cuda")):
+            pass
+    assert "no cuDNN here" in caplog.text
 
 
 def test_a_hung_preparation_does_not_hold_the_load(recording_triton, monkeypatch, caplog):
@@ -89,10 +113,10 @@ def test_a_hung_preparation_does_not_hold_the_load(recording_triton, monkeypatch
         release.wait(30)
 
     monkeypatch.setattr(sys.modules["triton.runtime.cache"], "triton_key", hung)
-    monkeypatch.setattr(triton_support, "PREPARE_WAIT_S", 0.2)
+    monkeypatch.setattr(preparation, "PREPARE_WAIT_S", 0.2)
     start = time.perf_counter()
-    with caplog.at_level("WARNING", logger="ostinato.ops.triton_support"):
-        with triton_support.prepared_in_background(torch.device("cuda")):
+    with caplog.at_level("WARNING", logger="ostinato.runtime.preparation"):
+        with preparation.prepared_in_background(torch.device("cuda")):
             pass
     release.set()
     assert time.perf_counter() - start < 5 and "still running" in caplog.text

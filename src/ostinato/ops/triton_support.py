@@ -11,17 +11,15 @@ may be scheduled while the kernel before it on the stream is still running; its 
 kernel be scheduled in turn. What overlaps is launch and scheduling, never memory traffic, so the
 results are those of plain stream order. ``OSTINATO_NO_PDL=1`` switches it off.
 
-``prepared_in_background(device)`` wraps a model's weight loading: Triton's once-per-process work
-before its first launch runs on a helper thread meanwhile (see there).
+``prepare(device)`` does Triton's once-per-process work before a first launch (``runtime.preparation``
+runs it beside a model's load).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import sys
-import threading
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -123,36 +121,14 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
     return buf
 
 
-PREPARE_WAIT_S = 60.0  # the longest a model's load waits for Triton's preparation (normally < 1 s)
-
-
-@contextlib.contextmanager
-def prepared_in_background(device) -> Iterator[None]:
-    """Do Triton's once-per-process preparation on a helper thread while the block loads weights.
-
-    Before its first launch in a process, even of a kernel in its on-disk cache, Triton hashes its
-    own installation (libtriton, hundreds of MB: 0.35 s of a 1.4-s first tiny.en transcription on
-    the H100 machine), asks ptxas for its version and parses each kernel's source for its cache key,
-    all on the launching thread. Here that overlaps the checkpoint's read and upload (the hashing
-    and the file reads release the GIL), and the block's exit waits for it, so Triton is touched by
-    one thread at a time. Best effort: whatever fails here happens at the first launch, as before.
-    The block must not launch Triton kernels itself.
-    """
-    thread = None
-    if kernels_can_run(device):
-        thread = threading.Thread(target=_prepare, args=(torch.device(device),), name="ostinato-triton-prepare",
-                                  daemon=True)
-        thread.start()
-    try:
-        yield
-    finally:
-        if thread is not None:
-            thread.join(PREPARE_WAIT_S)
-            if thread.is_alive():  # a hung ptxas, say: go on; Triton does the rest at first launch
-                log.warning("Triton's preparation is still running after %.0f s; not waiting for it", PREPARE_WAIT_S)
-
-
-def _prepare(device: torch.device) -> None:  # pragma: no cover - needs Triton and CUDA
+def prepare(device: torch.device) -> None:  # pragma: no cover - needs Triton and CUDA
+    """Triton's once-per-process work before its first launch, even of a kernel in its on-disk cache:
+    it hashes its own installation (libtriton, hundreds of MB: 0.35 s of a 1.4-s first tiny.en
+    transcription on the H100 machine), asks ptxas for its version, parses each loaded kernel's
+    source for its cache key and builds its argument binder. Best effort: whatever fails here happens at the first launch.
+    ``runtime.preparation`` runs it on a helper thread while a model loads."""
+    if not kernels_can_run(device):
+        return
     try:
         from triton.compiler.compiler import make_backend
         from triton.runtime import driver
@@ -161,10 +137,12 @@ def _prepare(device: torch.device) -> None:  # pragma: no cover - needs Triton a
         triton_key()  # lru-cached: every later cache key reuses it
         with torch.cuda.device(device):
             backend = make_backend(driver.active.get_current_target())
+            index = driver.active.get_current_device()
         backend.hash()  # ptxas --version, cached
         backend.parse_options({}).hash()  # the PTX version, libdevice's hash
         for kernel in _loaded_kernels():
             kernel.cache_key  # noqa: B018 - the source's dependency hash, kept on the kernel
+            kernel.device_caches[index]  # its argument binder: generated Python, compiled (2 ms a kernel)
     except Exception as exc:  # noqa: BLE001 - only an early start; the first launch does it otherwise
         log.debug("Triton preparation in the background failed: %s", exc)
 

@@ -20,9 +20,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 import torch
 
 from ...errors import InvalidOptionError, ModelLoadError
-from ...ops.triton_support import prepared_in_background
 from ...runtime import (DEFAULT_BUCKETS, RowScheduler, bucket_for, memory_report, resolve_decode_loop,
                         resolve_device, resolve_dtype, storage_bytes, store_at)
+from ...runtime.preparation import prepared_in_background
 from .checkpoint import load_weights
 from .config import LLMConfig, read_config
 from .decoder import GenerationKey, GenerationRun, LLMDecoder, PromptRequest, RowOutput
@@ -69,7 +69,7 @@ class LanguageModel:
             self.tokenizer = ChatTokenizer(path)  # before the weights: a missing tokenizer fails fast
             with torch.device("meta"):
                 net = DecoderNet(config)
-            with prepared_in_background(self.device):  # Triton's first-launch work, beside the load
+            with prepared_in_background(self.device):  # first-call work (Triton, CUDA libraries) beside the load
                 load_weights(net, path, self.device, self.dtype)
         else:
             net, self.tokenizer = _net, _tokenizer

@@ -15,12 +15,12 @@ from torch import Tensor, nn
 from ...audio import FRAMES_PER_SECOND, load_audio
 from ...checks import check_positive_int
 from ...errors import AudioError, InvalidOptionError, UnsupportedCheckpointError
-from ...ops.triton_support import prepared_in_background
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
     RowScheduler, host_values_to_device, memory_report, padded_host_batch, place_module, resolve_device, resolve_dtype,
     set_cpu_threads, store_at, strict_float32, upload_batches,
 )
+from ...runtime.preparation import prepared_in_background
 from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
 from .encoder import FastConformerEncoder, encoder_state_from_nemo, subsampled_length
 from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder, Utterance, check_max_symbols
@@ -104,7 +104,7 @@ class TransducerModel:
         decode_loop: str = "auto",
         cpu_threads: int = 0,
     ):
-        with prepared_in_background(resolve_device(device)):  # Triton's first-launch work, beside the load
+        with prepared_in_background(resolve_device(device)):  # first-call work (Triton, CUDA libraries) beside the load
             checkpoint = load_nemo(path)
             sd = checkpoint.state_dict
             preprocessor = MelPreprocessor(

@@ -11,12 +11,12 @@ import torch
 from ...audio import load_audio, whisper_input_features
 from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
-from ...ops.triton_support import prepared_in_background
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
     StepGraph, buckets_up_to, memory_report, place_module, resolve_decode_loop, resolve_device, resolve_dtype,
     set_cpu_threads, strict_float32,
 )
+from ...runtime.preparation import prepared_in_background
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
 from .engine import Cancelled, TranscriptionEngine
 from .loaders import load_checkpoint
@@ -76,7 +76,7 @@ class WhisperModel:
         self.dtype = resolve_dtype(compute_type, self.device)
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         path = str(default_model_path()) if model is None else str(model)
-        with prepared_in_background(self.device):  # Triton's first-launch work, beside the load
+        with prepared_in_background(self.device):  # first-call work (Triton, CUDA libraries) beside the load
             checkpoint = load_checkpoint(path)
             self.dims = checkpoint.dims
             self.model_path = checkpoint.path
