@@ -154,3 +154,17 @@ def test_blocks_of_frames_give_the_one_block_result(monkeypatch):
     whole = whisper_input_features(audio, 80)
     monkeypatch.setattr(features, "_FFT_BLOCK", 333)
     assert torch.equal(whisper_input_features(audio, 80), whole)
+
+
+def test_whole_blocks_give_the_same_mel_bins():
+    """On CUDA a last, short block of frames is padded to a whole block (one FFT and product shape
+    for every audio length); the padding changes no frame's mel bins."""
+    from ostinato.audio.features import N_FFT, _hann_window, _mel_power, mel_filters
+
+    rng = np.random.default_rng(5)
+    for frames_count in (1, 37, 2047, 2048, 2049, 4100):
+        frames = torch.from_numpy((rng.standard_normal((frames_count, N_FFT)) * 0.1).astype(np.float32))
+        window, filters = _hann_window(N_FFT, frames.device), mel_filters(80)
+        padded = _mel_power(frames, window, filters, whole_blocks=True)
+        assert padded.shape == (80, frames_count)
+        assert torch.allclose(padded, _mel_power(frames, window, filters), rtol=1e-6, atol=0)

@@ -117,7 +117,8 @@ def _reflect_pad(x: torch.Tensor, pad: int) -> torch.Tensor:
     return x[index]
 
 
-def _mel_power(frames: torch.Tensor, window: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
+def _mel_power(frames: torch.Tensor, window: torch.Tensor, filters: torch.Tensor,
+               whole_blocks: bool = False) -> torch.Tensor:
     """``filters @ |rfft(frame * window)|^2`` for each row of ``frames``: float32 ``[n_mels, n_frames]``.
 
     The windowed frames are rounded to float32 as in faster-whisper, but the FFT runs in
@@ -126,14 +127,20 @@ def _mel_power(frames: torch.Tensor, window: torch.Tensor, filters: torch.Tensor
     here left differences up to ~3e-5 in the log-mel output, float64 leaves ~1e-7.
     Frames go through in blocks, each to its mel bins at once: the float64 temporaries and
     the power spectrum exist for one block only (a 6-minute recording in one block took
-    over 200 MB of them on the GPU).
+    over 200 MB of them on the GPU). ``whole_blocks``: a last, short block is padded with
+    zero frames to the full block, so every FFT and product has one shape whatever the
+    audio's length (on CUDA each new shape costs a cuFFT plan and a cuBLAS heuristic:
+    0.17 s of a first transcription of 20 files, once per file length).
     """
     fft_dtype = torch.float32 if frames.device.type == "mps" else torch.float64  # no f64 on MPS
     mel = torch.empty(filters.shape[0], frames.shape[0], dtype=torch.float32, device=frames.device)
     for start in range(0, frames.shape[0], _FFT_BLOCK):
         block = frames[start : start + _FFT_BLOCK] * window
+        count = block.shape[0]
+        if whole_blocks and count < _FFT_BLOCK:
+            block = F.pad(block, (0, 0, 0, _FFT_BLOCK - count))
         spectrum = torch.fft.rfft(block.to(fft_dtype), dim=-1).to(torch.complex64)
-        mel[:, start : start + _FFT_BLOCK] = filters @ (spectrum.abs() ** 2).T
+        mel[:, start : start + count] = (filters @ (spectrum.abs() ** 2).T)[:, :count]
     return mel
 
 
@@ -153,7 +160,8 @@ def log_mel_spectrogram(audio, n_mels: int = 80, padding: int = 0, device=None) 
 
     frames = _reflect_pad(x, N_FFT // 2).unfold(0, N_FFT, HOP_LENGTH)  # a view, no copy
     n_frames = frames.shape[0] - 1  # Whisper drops the last centred frame
-    mel = _mel_power(frames[:n_frames], _hann_window(N_FFT, x.device), mel_filters(n_mels, device=x.device))
+    mel = _mel_power(frames[:n_frames], _hann_window(N_FFT, x.device), mel_filters(n_mels, device=x.device),
+                     whole_blocks=x.device.type == "cuda")
     if n_frames == 0:
         return mel
     log_spec = torch.clamp(mel, min=1e-10).log10()
