@@ -68,7 +68,23 @@ def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
         assert tokens_of(graph, audio, **long_prompt) == tokens_of(eager, audio, **long_prompt)
     decoder = graph.decoder
     assert decoder._cross_graph.captured_keys() == [CrossKey()]
-    assert decoder._prefill_graph.captured_keys() == [PrefillKey(0, 0, 1, 0)]  # the long prompt's head: eager
+    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 0)]  # the long prompt's head: eager
+
+
+def test_one_prefill_graph_serves_every_row_and_slot(data_dir):
+    # every window of a batch has the prompt head [sot] (no previous text): rows and slots are the
+    # prefill graph's inputs, so one capture serves them all, with the eager model's tokens
+    path = str(data_dir / RANDOM_CKPT)
+    eager = WhisperModel(path, device="cuda", compute_type="float16", use_graphs=False)
+    graph = WhisperModel(path, device="cuda", compute_type="float16")
+    audios = [noise(6.0 + 3 * i, seed=20 + i) for i in range(6)]
+    opts = dict(beam_size=1, temperature=0.0, without_timestamps=True, max_new_tokens=12,
+                condition_on_previous_text=False)
+    got = graph.transcribe_batch(audios, batch_size=4, **opts)
+    want = eager.transcribe_batch(audios, batch_size=4, **opts)
+    assert [[s.tokens for s in segments] for segments, _ in got] == [[s.tokens for s in segments] for segments, _ in want]
+    (decoder,) = graph._batch_decoders.values()
+    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 0)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -112,9 +128,9 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
 
 
 def test_triton_is_prepared_while_the_model_loads(data_dir):
-    """In a fresh process, loading a model on CUDA leaves Triton's installation hash and every
-    loaded kernel's source key computed (a helper thread did them during the load), and no kernel
-    has been compiled or loaded yet: the first transcription finds that work done."""
+    """In a fresh process, loading a model on CUDA leaves Triton's installation hash, every loaded
+    kernel's source key and argument binder made (a helper thread did them during the load), and no
+    kernel has been compiled or loaded yet: the first transcription finds that work done."""
     code = (
         "import sys, torch, triton.runtime.cache as cache\n"
         "from triton.runtime.jit import JITFunction\n"
@@ -124,6 +140,7 @@ def test_triton_is_prepared_while_the_model_loads(data_dir):
         "kernels = [v for n, m in list(sys.modules.items()) if n.startswith('ostinato.') and m\n"
         "           for v in vars(m).values() if isinstance(v, JITFunction)]\n"
         "print(cache.triton_key.cache_info().currsize, len(kernels), sum(k.hash is not None for k in kernels),\n"
+        "      sum(len(k.device_caches) == 1 for k in kernels),\n"
         "      sum(len(v[0]) for k in kernels for v in k.device_caches.values()))\n"
     )
     root = Path(__file__).resolve().parents[2]
@@ -131,8 +148,8 @@ def test_triton_is_prepared_while_the_model_loads(data_dir):
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    keyed, kernels, hashed, compiled = map(int, out.stdout.split())
-    assert keyed == 1 and kernels >= 5 and hashed == kernels and compiled == 0, out.stdout
+    keyed, kernels, hashed, bound, compiled = map(int, out.stdout.split())
+    assert keyed == 1 and kernels >= 5 and hashed == kernels == bound and compiled == 0, out.stdout
 
 
 def test_one_copy_of_weights_and_memory_report(data_dir):

@@ -74,11 +74,9 @@ class CrossKey(NamedTuple):
 
 
 class PrefillKey(NamedTuple):
-    """The graph running a prompt head of ``tokens`` tokens into the self-attention cache of ``row``,
-    attending to the cross-attention K/V of ``slot``."""
+    """The graph running a prompt head of ``tokens`` tokens; the row whose self-attention cache it
+    fills and the window slot whose cross-attention K/V it reads are inputs (one graph serves all)."""
 
-    row: int
-    slot: int
     tokens: int
     logits_at: int  # the one position whose logits are made: the start of transcript's, when in the head
 
@@ -91,6 +89,23 @@ class GreedyKey(NamedTuple):
     penalize: bool = False  # a repetition penalty is on
     ngram: int = 0  # no_repeat_ngram_size (0: off)
     group: int = 1  # consecutive rows holding one window (its samples): its cross-attention K/V read once
+
+
+class _RowOfEachLayer:
+    """Layer i's row ``index`` of a [layers, rows, ...] buffer, taken when the decoder asks for it: a
+    view for an int; for a device tensor (a graph's input), a copy, so one layer's copy is alive at
+    a time."""
+
+    def __init__(self, buffer: Tensor, index):
+        self.buffer, self.index = buffer, index
+
+    def __len__(self) -> int:
+        return self.buffer.shape[0]
+
+    def __getitem__(self, layer: int) -> Tensor:
+        if isinstance(self.index, Tensor):
+            return self.buffer[layer].index_select(0, self.index)
+        return self.buffer[layer, self.index : self.index + 1]
 
 
 class WindowDecoder:
@@ -523,19 +538,28 @@ class WindowDecoder:
             features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index
         )
 
-    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor) -> Tensor:
-        """The decoder over a prompt head [1, L] in ``key.row``'s self-attention caches and ``key.slot``'s
+    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor, row, slot) -> Tensor:
+        """The decoder over a prompt head [1, L] into ``row``'s self-attention caches, on ``slot``'s
         cross-attention K/V: the float32 logits [1, n_vocab] of position ``key.logits_at`` (the
-        vocabulary product of every position would cost more than the rest of a long prompt's prefill)."""
-        row, slot = key.row, key.slot
-        return self.model.decoder(
-            tokens, positions,
-            [t[row : row + 1] for t in self._layer_views("self_k", self.max_rows)],
-            [t[row : row + 1] for t in self._layer_views("self_v", self.max_rows)],
-            [t[slot : slot + 1] for t in self._layer_views("cross_k", self.windows)],
-            [t[slot : slot + 1] for t in self._layer_views("cross_v", self.windows)],
-            logits_at=key.logits_at,
+        vocabulary product of every position would cost more than the rest of a long prompt's prefill).
+
+        ``row`` and ``slot`` are ints, or one-element int64 tensors on the device (a graph's inputs:
+        one capture serves every row). The head's keys and values go to a scratch cache of L
+        positions, then into the row's: attention reads those L keys, not the whole context."""
+        st = self.state
+        length = tokens.shape[1]
+        layers, _, heads, _, head_dim = st["self_k"].shape
+        scratch_k = st["self_k"].new_empty((layers, 1, heads, length, head_dim))
+        scratch_v = torch.empty_like(scratch_k)
+        logits = self.model.decoder(
+            tokens, positions, list(scratch_k), list(scratch_v),
+            _RowOfEachLayer(st["cross_k"], slot), _RowOfEachLayer(st["cross_v"], slot),
+            filled=length, logits_at=key.logits_at,
         )[0]
+        rows = row if isinstance(row, Tensor) else torch.tensor([row], device=self.device)
+        st["self_k"][:, :, :, :length].index_copy_(1, rows, scratch_k)
+        st["self_v"][:, :, :, :length].index_copy_(1, rows, scratch_v)
+        return logits
 
     def _prefill(self, row: int, slot: int, req: WindowRequest) -> None:
         """Run the prompt's context into the row's KV cache (on the window's cross-attention ``slot``);
@@ -554,11 +578,14 @@ class WindowDecoder:
                 f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
             )
         if head:
-            key = PrefillKey(row, slot, len(head), min(sot_index, len(head) - 1))
+            key = PrefillKey(len(head), min(sot_index, len(head) - 1))
             tokens = torch.tensor([head], dtype=torch.long, device=self.device)
             positions = torch.arange(len(head), device=self.device)[None, :]
-            run = self._prefill_graph if len(head) <= PREFILL_GRAPH_TOKENS else self._prefill_head
-            logits = run(key, tokens=tokens, positions=positions)
+            if len(head) <= PREFILL_GRAPH_TOKENS:
+                where = torch.tensor([row, slot], device=self.device)
+                logits = self._prefill_graph(key, tokens=tokens, positions=positions, row=where[:1], slot=where[1:])
+            else:
+                logits = self._prefill_head(key, tokens, positions, row, slot)
         no_speech_at_step = sot_index == length - 1
         if not no_speech_at_step:
             probs = torch.softmax(logits[0], dim=-1)  # the logits at sot_index
