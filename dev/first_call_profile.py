@@ -1,13 +1,15 @@
 """Where a fresh process's first transcription spends its time (issue 16: first run vs warm).
 
     PYTHONPATH=src python dev/first_call_profile.py [--size tiny|large-v3] [--model PATH] [--batch 1]
-        [--seconds 15] [--top 40] [--steps-per-replay 8]
+        [--seconds 15] [--top 40] [--steps-per-replay 8] [--clips DIR [--long-seconds 377]] [--defaults]
 
 Loads a checkpoint (``--model``, else random weights of ``--size``), then transcribes ``--batch``
 copies of a synthetic clip twice: the first call under cProfile, the second timed warm. Prints each
 CUDA graph capture (graph name, bucket key, seconds: warm-ups included), each Triton compile or
 cache load, and the profile's heaviest functions by cumulative and own time. Run it twice with
-the same ``TRITON_CACHE_DIR`` to see the cache-warm case.
+the same ``TRITON_CACHE_DIR`` to see the cache-warm case. ``--clips``: instead of the synthetic clip,
+bench/whisper_e2e.py's audio (the clips and a long recording made of them); ``--defaults``: the
+default options (beam 5, temperature fallback) instead of greedy.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 
 def main() -> None:
@@ -28,6 +32,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--steps-per-replay", type=int, default=8)
+    parser.add_argument("--clips", default=None, help="bench/whisper_e2e.py's audio from these clips")
+    parser.add_argument("--long-seconds", type=float, default=377.0)
+    parser.add_argument("--defaults", action="store_true", help="beam 5 with the fallback, not greedy")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -81,17 +88,27 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t_load = time.perf_counter() - begin
-    rng = np.random.default_rng(0)
-    t = np.arange(int(args.seconds * 16000)) / 16000.0
-    clip = (0.1 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) +
-            0.01 * rng.standard_normal(t.shape)).astype(np.float32)
+    if args.clips:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+        from whisper_e2e import load_clips, long_recording
+
+        clips = load_clips(args.clips)
+        audios = clips + [long_recording(clips, args.long_seconds)]
+        what = f"{len(clips)} clips + a {args.long_seconds:.0f}-s recording"
+    else:
+        rng = np.random.default_rng(0)
+        t = np.arange(int(args.seconds * 16000)) / 16000.0
+        clip = (0.1 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) +
+                0.01 * rng.standard_normal(t.shape)).astype(np.float32)
+        audios = [clip] * args.batch
+        what = f"{args.batch} x a {args.seconds:.0f} s clip"
+    options = {} if args.defaults else dict(beam_size=1, temperature=0.0)
 
     def transcribe():
         if args.batch == 1:
-            segments, _ = model.transcribe(clip, beam_size=1, temperature=0.0)
-            out = list(segments)
+            out = [list(model.transcribe(audio, **options)[0]) for audio in audios]
         else:
-            out = model.transcribe_batch([clip] * args.batch, batch_size=args.batch, beam_size=1, temperature=0.0)
+            out = model.transcribe_batch(audios, batch_size=args.batch, **options)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return out
@@ -106,7 +123,8 @@ def main() -> None:
     begin = time.perf_counter()
     transcribe()
     t_warm = time.perf_counter() - begin
-    print(f"model {args.model or 'random ' + args.size}, batch {args.batch}, {args.seconds:.0f} s clip, "
+    print(f"model {args.model or 'random ' + args.size}, batch {args.batch}, {what}, "
+          f"{'defaults' if args.defaults else 'greedy'}, "
           f"{args.steps_per_replay} steps per replay, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     print(f"import torch {t_torch:.2f} s, import ostinato {t_import:.2f} s, load {t_load:.2f} s, "
