@@ -84,6 +84,20 @@ def test_formats_are_identical(reference, path, source, dtype):
     assert ckpt.alignment_heads == ALIGNMENT_HEADS
 
 
+@pytest.mark.parametrize("zipfile", [True, False], ids=["mapped", "pre-1.6-format"])
+def test_pt_files_are_memory_mapped_where_their_format_allows(tmp_path, reference, zipfile):
+    """A .pt is read memory-mapped (its tensors are views of the file until they go to the device);
+    a file in the old, unmappable format is read as before; both give the reference's tensors."""
+    path = tmp_path / "tiny.pt"
+    torch.save({"dims": reference.dims.to_dict(), "model_state_dict": reference.state_dict}, path,
+               _use_new_zipfile_serialization=zipfile)
+    ckpt = load_checkpoint(str(path))
+    for name, tensor in ckpt.state_dict.items():
+        assert torch.equal(tensor, reference.state_dict[name]), name
+    if Path("/proc/self/maps").is_file():  # Linux: is the file mapped into this process?
+        assert (str(path) in Path("/proc/self/maps").read_text()) == zipfile
+
+
 def test_ct2_int8_is_dequantized(reference):
     ckpt = load_checkpoint(str(CT2_INT8))
     assert ckpt.dims == reference.dims

@@ -14,6 +14,7 @@ from ostinato.models.whisper.loaders.checkpoint import (
     WhisperCheckpoint,
     check_state_dict,
     normalize_alignment_heads,
+    read_torch_file,
 )
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -91,9 +92,9 @@ def _load_tensors(directory: Path) -> Dict[str, torch.Tensor]:
         return tensors
     bin_file = directory / TORCH_BIN
     if bin_file.is_file():
-        # Older HF checkpoints; weights_only keeps unpickling from running code.
+        # Older HF checkpoints
         try:
-            return torch.load(str(bin_file), map_location="cpu", weights_only=True)
+            return read_torch_file(bin_file)
         except Exception as e:  # torch raises many types for a bad pickle
             raise ModelLoadError(f"cannot read {bin_file}: {type(e).__name__}: {e}".splitlines()[0]) from None
     raise ModelLoadError(

@@ -15,6 +15,7 @@ from ostinato.models.whisper.loaders.checkpoint import (
     WhisperCheckpoint,
     check_state_dict,
     normalize_alignment_heads,
+    read_torch_file,
 )
 from ostinato.models.whisper.loaders.vocab import find_tokenizer
 
@@ -22,8 +23,7 @@ from ostinato.models.whisper.loaders.vocab import find_tokenizer
 def load_openai(path: Path) -> WhisperCheckpoint:
     path = Path(path)
     try:
-        # weights_only: a .pt is a pickle, and an untrusted pickle can run code.
-        data = torch.load(str(path), map_location="cpu", weights_only=True)
+        data = read_torch_file(path)
     except Exception as e:  # zipfile, pickle, EOF and runtime errors all mean "unreadable"
         detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ModelLoadError(
