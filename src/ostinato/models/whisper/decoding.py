@@ -581,8 +581,8 @@ class WindowDecoder:
             key = PrefillKey(len(head), min(sot_index, len(head) - 1))
             tokens = torch.tensor([head], dtype=torch.long, device=self.device)
             positions = torch.arange(len(head), device=self.device)[None, :]
-            if len(head) <= PREFILL_GRAPH_TOKENS:
-                where = torch.tensor([row, slot], device=self.device)
+            if len(head) <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs:
+                where = torch.tensor([row, slot], device=self.device)  # inputs: one capture serves every row
                 logits = self._prefill_graph(key, tokens=tokens, positions=positions, row=where[:1], slot=where[1:])
             else:
                 logits = self._prefill_head(key, tokens, positions, row, slot)
