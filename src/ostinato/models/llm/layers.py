@@ -143,13 +143,12 @@ class Attention(nn.Module):
         cache_v[rows, :, start:start + t] = v
         gqa = self.heads != self.kv_heads
         if start == 0:  # the whole prompt so far is this chunk: plain causal attention (flash kernels)
-            out = attention(q.transpose(1, 2), k, v, is_causal=True, scale=self.scale,
-                                                 enable_gqa=gqa)
+            out = attention(q.transpose(1, 2), k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
         else:
             keys, values = cache_k[rows, :, :start + t], cache_v[rows, :, :start + t]
             causal = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
-            out = attention(q.transpose(1, 2), keys, values, attn_mask=causal,
-                                                 scale=self.scale, enable_gqa=gqa)
+            out = attention(q.transpose(1, 2), keys, values, attn_mask=causal, scale=self.scale,
+                            enable_gqa=gqa)
         return self._finish(out.transpose(1, 2).reshape(g, t, -1), gate)
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor,
