@@ -104,3 +104,33 @@ def test_the_chunk_scan_kernel_equals_the_pytorch_scan(dk, dv, monkeypatch):
              for t in range(length)]
     torch.testing.assert_close(got, torch.stack(steps, dim=1), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(got_state, step_state, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_prefill_chains_match_the_eager_ops_at_every_length(dtype, caplog):
+    from torch._dynamo.utils import counters
+
+    from ostinato.models.llm import fusion
+
+    graphs = counters["stats"]["unique_graphs"]
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for length in (5, 17, 300):
+        def rand(*shape):
+            return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+        x, u, w = rand(2, length, 256), rand(2, length, 256), rand(256)
+        angle = torch.randn(length, 1, 16, device="cuda", generator=g)
+        heads = rand(2, length, 4, 64)
+        cases = [(fusion.rms_norm, (x, w, 1e-6, False)), (fusion.rms_norm, (x, w, 1e-6, True)),
+                 (fusion.add_rms_norm, (x, u, w, 1e-6, True)), (fusion.gated_rms_norm, (x, u, w, 1e-6)),
+                 (fusion.rotate, (heads, angle.cos().to(dtype), angle.sin().to(dtype))),
+                 (fusion.swiglu, (x,)), (fusion.delta_gates, (x[..., :8], u[..., :8], w[:8].float(), w[:8]))]
+        for fn, args in cases:
+            with fusion.enabled():
+                got = fn(*args)
+            want = fn.uncompiled(*args)
+            for a, b in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
+                torch.testing.assert_close(a, b, **tol, msg=f"{fn.__name__} at {length} tokens")
+    assert "runs uncompiled" not in caplog.text
+    assert counters["stats"]["unique_graphs"] > graphs  # they did compile (once each, any length)

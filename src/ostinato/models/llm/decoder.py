@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ...runtime import DeviceState, SlotTable, StepGraph
+from . import fusion
 from .network import DecoderNet
 from .sampling import choose
 
@@ -175,8 +176,9 @@ class LLMDecoder:
                             dtype=torch.int64).to(device)
         self.net.reset_rows(st, rows)
         hidden = None
-        for start in range(0, ids.shape[1], self.prefill_chunk):
-            hidden = self.net.prefill(ids[:, start:start + self.prefill_chunk], rows, start, st)[:, -1]
+        with fusion.enabled(self.compile_step):  # the prefill's norms and gates as one kernel each
+            for start in range(0, ids.shape[1], self.prefill_chunk):
+                hidden = self.net.prefill(ids[:, start:start + self.prefill_chunk], rows, start, st)[:, -1]
         logits = self.net.logits(hidden)
         st["temperature"].index_copy_(0, rows, floats[0])
         st["top_p"].index_copy_(0, rows, floats[1])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...ops import delta_rule as delta_kernel
+from .fusion import fusible
 
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -27,9 +28,20 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
     Returns (output [B, T, H, dv] in q's dtype, final state [B, H, dk, dv] float32).
     """
-    out_dtype = q.dtype
+    batch, length, heads, _ = k.shape
+    terms = chunk_terms(q, k, v, g, beta, chunk)
+    state = state.to(torch.float32)
+    scan = delta_kernel.chunk_scan if delta_kernel.can_scan(state, chunk) else scan_chunks
+    out, state = scan(*terms, state)
+    out = out.reshape(batch, heads, -1, v.shape[-1])[:, :, :length]
+    return out.transpose(1, 2).to(q.dtype), state
+
+
+@fusible
+def chunk_terms(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, chunk: int):
+    """Everything inside the chunks, for all chunks at once (float32): the arguments of the scan but
+    its state, shaped as ``ops.delta_rule.chunk_scan`` takes them."""
     batch, length, heads, dk = k.shape
-    dv = v.shape[-1]
     q, k, v, g, beta = (x.transpose(1, 2).to(torch.float32).contiguous() for x in (q, k, v, g, beta))
     q = l2_normalize(q) * dk ** -0.5
     k = l2_normalize(k)
@@ -54,11 +66,7 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     inner = (q @ k.transpose(-1, -2)) * pair
     q_decayed = q * decay.exp()[..., None]
     k_to_end = k * (decay[..., -1:] - decay).exp()[..., None]
-    state = state.to(torch.float32)
-    scan = delta_kernel.chunk_scan if delta_kernel.can_scan(state, chunk) else scan_chunks
-    out, state = scan(values, keys_decayed, q_decayed, inner, k_to_end, decay[..., -1].exp(), state)
-    out = out.reshape(batch, heads, n * chunk, dv)[:, :, :length]
-    return out.transpose(1, 2).to(out_dtype), state
+    return values, keys_decayed, q_decayed, inner, k_to_end, decay[..., -1].exp()
 
 
 def scan_chunks(values: Tensor, keys_decayed: Tensor, q_decayed: Tensor, inner: Tensor, k_to_end: Tensor,

@@ -18,7 +18,9 @@ from torch import Tensor, nn
 from ...ops import delta_rule as delta_kernel
 from ...ops.attention import attention
 from .config import LLMConfig
+from . import fusion
 from .delta_rule import chunked_delta_rule, recurrent_delta_step
+from .fusion import rotate
 
 DELTA_RULE_TOKENS = 2048  # rows x tokens per chunked delta-rule call in prefill
 
@@ -47,11 +49,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.zero_centered:
-            return (h * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * h.to(x.dtype)
+        return fusion.rms_norm(x, self.weight, self.eps, self.zero_centered)
+
+    def after_add(self, x: Tensor, update: Tensor):
+        """(x + update, the norm of that sum)."""
+        return fusion.add_rms_norm(x, update, self.weight, self.eps, self.zero_centered)
 
 
 class GatedRMSNorm(nn.Module):
@@ -63,21 +65,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight * h.to(x.dtype)
-        return (h * F.silu(z.float())).to(x.dtype)
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding on the first ``2 * cos.shape[-1]`` features of each head (the rest pass)."""
-    dim = cos.shape[-1] * 2
-    rot, rest = x[..., :dim], x[..., dim:]
-    half = dim // 2
-    cos2, sin2 = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-    turned = torch.cat((-rot[..., half:], rot[..., :half]), -1)
-    out = rot * cos2 + turned * sin2
-    return torch.cat((out, rest), -1) if rest.shape[-1] else out
+        return fusion.gated_rms_norm(x, z, self.weight, self.eps)
 
 
 def rotary_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype):
@@ -209,8 +197,7 @@ class GatedDeltaNet(nn.Module):
         if repeat and self.v_heads != self.k_heads:
             q = q.repeat_interleave(self.v_heads // self.k_heads, dim=-2)
             k = k.repeat_interleave(self.v_heads // self.k_heads, dim=-2)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        beta, g = fusion.delta_gates(b, a, self.A_log, self.dt_bias)
         return q, k, v, g, beta
 
     def _finish(self, out: Tensor, z: Tensor) -> Tensor:
@@ -267,8 +254,7 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.fused is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fusion.swiglu(F.linear(x, self.fused)))
 
 
 def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -379,6 +365,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm)
 
-    def _mlp(self, x: Tensor, graph_safe: bool) -> Tensor:
-        h = self.post_attention_layernorm(x)
+    def _mlp(self, x: Tensor, update: Tensor, graph_safe: bool) -> Tensor:
+        """x + update, then the MLP (or MoE) block with its residual."""
+        x, h = self.post_attention_layernorm.after_add(x, update)
         return x + (self.mlp(h, graph_safe) if self.moe else self.mlp(h))

@@ -85,7 +85,7 @@ class DecoderNet(nn.Module):
                 h = layer.linear_attn.prefill(h, state[f"conv{i}"], state[f"rec{i}"], rows)
             else:
                 h = layer.self_attn.prefill(h, cos, sin, state[f"k{i}"], state[f"v{i}"], rows, start)
-            x = layer._mlp(x + h, graph_safe=False)
+            x = layer._mlp(x, h, graph_safe=False)
         return self.model.norm(x)
 
     def decode(self, tokens: Tensor, positions: Tensor, state, rows: int) -> Tensor:
@@ -104,7 +104,7 @@ class DecoderNet(nn.Module):
                     span = torch.arange(cache_k.shape[2], device=tokens.device)
                     visible = span[None, :] <= positions[:, None]
                 h = layer.self_attn.decode(h, cos, sin, cache_k, cache_v, positions, visible)
-            x = layer._mlp(x + h, graph_safe=True)
+            x = layer._mlp(x, h, graph_safe=True)
         return self.logits(self.model.norm(x))
 
     def logits(self, hidden: Tensor) -> Tensor:
