@@ -90,10 +90,7 @@ def add_rms_norm(x: Tensor, update: Tensor, weight: Tensor, eps: float, zero_cen
 @fusible
 def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Gated DeltaNet's output norm: RMSNorm per value head, then times silu(z)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    h = weight * h.to(x.dtype)
-    return (h * F.silu(z.float())).to(x.dtype)
+    return (rms_norm.uncompiled(x, weight, eps, False) * F.silu(z.float())).to(x.dtype)
 
 
 @fusible
