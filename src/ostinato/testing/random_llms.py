@@ -52,8 +52,6 @@ def random_network(raw_config: dict, device, dtype, seed: int = 0) -> DecoderNet
     net.to_empty(device=device)
     g = torch.Generator(device=device).manual_seed(seed)
     for name, p in net.named_parameters():
-        if p.dtype != dtype:
-            p.data = torch.empty(p.shape, device=device, dtype=dtype)
         if name.endswith("norm.weight"):
             p.fill_(0.0 if config.zero_centered_norm and "linear_attn.norm" not in name else 1.0)
         elif name.endswith("A_log"):

@@ -20,7 +20,6 @@ from ...ops.attention import attention
 from .config import LLMConfig
 from . import fusion
 from .delta_rule import chunked_delta_rule, recurrent_delta_step
-from .fusion import rotate
 
 DELTA_RULE_TOKENS = 2048  # rows x tokens per chunked delta-rule call in prefill
 
@@ -114,7 +113,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
-        return rotate(q, cos, sin), rotate(k, cos, sin), v, gate
+        return fusion.rotate(q, cos, sin), fusion.rotate(k, cos, sin), v, gate
 
     def _finish(self, out: Tensor, gate: Optional[Tensor]) -> Tensor:
         if gate is not None:
