@@ -5,7 +5,7 @@
 
 Inputs are strided views (rows of wider buffers, some with leading dims), outputs start as NaN so every
 element must be written, and a second call without ``out`` must give identical values (the split-K
-sum is deterministic). The interpreter runs small shapes in float32 and float16 (bfloat16 and the
+sum is deterministic), and rows computed together equal the same rows a few at a time. The interpreter runs small shapes in float32 and float16 (bfloat16 and the
 large-v3 sizes only on a GPU: numpy has no bfloat16, and the interpreter is slow). Prints one line
 per case and ends with ``skinny ops == reference: True`` (exit 1 otherwise). SEED=n repeats a run.
 """
@@ -61,6 +61,27 @@ def check_linear(m, n, k, dtype, flags, device, in_place=False, twice=True):
     print(f"{time.perf_counter() - t0:5.2f}s linear M={m:2d} N={n:5d} K={k:4d} {str(dtype)[6:]:8s} "
           f"bias={has_bias:d} gelu={gelu:d} res={has_res:d}{' in-place' if in_place else ''} "
           f"blocks={plan['n_blocks']}x{plan['m_blocks']} splits={plan['splits']} "
+          f"rel err {err:.2e} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def check_rows_alone(m, n, k, dtype, device, piece=5):
+    """A row's result does not depend on the other rows of the call (batched decoding equals one
+    window at a time): M rows at once equal the same rows ``piece`` at a time, bit for bit."""
+    x = strided((m, k), dtype, device)
+    w = (torch.randn(n, k, device=device) / k ** 0.5).to(dtype)
+    b = (torch.randn(n, device=device) * 0.5).to(dtype)
+    r = strided((m, n), dtype, device)
+    t0 = time.perf_counter()
+    whole = skinny.linear(x, w, b, residual=r, gelu=True)
+    pieces = torch.cat([skinny.linear(x[i:i + piece], w, b, residual=r[i:i + piece], gelu=True)
+                        for i in range(0, m, piece)])
+    ref = F.gelu(x.double() @ w.double().T + b.double()) + r.double()
+    err = rel_err(whole, ref)
+    ok = torch.equal(whole, pieces) and err < TOLERANCE[dtype]
+    plan = skinny.linear_plan(m, n, k, skinny._sm_count(device), x.element_size())
+    print(f"{time.perf_counter() - t0:5.2f}s linear M={m:3d} N={n:5d} K={k:4d} {str(dtype)[6:]:8s} rows "
+          f"{piece} at a time: {plan['m_blocks']} block(s) of {plan['block_m']} rows, splits={plan['splits']} "
           f"rel err {err:.2e} {'ok' if ok else 'FAIL'}")
     return ok
 
@@ -127,6 +148,13 @@ def main() -> int:
         ok_all &= check_linear(1, 2100, 256, dtype, (True, True, True), device)  # enough blocks: no split-K
         ok_all &= check_linear(70, 77, 130, dtype, (True, False, True), device)  # two row blocks
         ok_all &= check_linear(3, 384, 384, dtype, (False, True, True), device, in_place=True)
+        ok_all &= check_rows_alone(40, 384, 1536, dtype, device)  # split K: three 16-row blocks
+        if on_gpu or dtype != torch.float32:  # no split K: one 64-row block (numpy's float32 product,
+            ok_all &= check_rows_alone(40, 2100, 256, dtype, device)  # the interpreter's, rounds by shape)
+        if on_gpu:  # large-v3's beam-step shapes, and its vocabulary projection (no split K)
+            for m, n, k in ((80, 1280, 1280), (80, 1280, 5120), (150, 5120, 1280), (80, 3840, 1280),
+                            (80, 51866, 1280), (150, 51866, 1280)):
+                ok_all &= check_rows_alone(m, n, k, dtype, device)
         for n, m in ((384, 1), (384, 17), (1280, 3), (1280, 17), (77, 1), (77, 3)) + (((1280, 64),) if on_gpu else ()):
             for with_update, mode in ((True, "new"), (True, "poison"), (True, "in-place"), (False, "poison")):
                 ok_all &= check_add_layer_norm(m, n, dtype, with_update, mode, device)

@@ -90,20 +90,46 @@ def test_cuda_graph_replay_equals_eager(b, seq):
         assert rel_err(static_out, reference(q, k, v, lengths)) < TOLERANCE[torch.float16]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("windows,beams", [(1, 5), (16, 5), (3, 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("windows,beams", [(1, 5), (16, 5), (3, 2), (2, 17)])
 def test_beams_sharing_cross_kv(windows, beams, dtype):
     """group=beams: every beam of a window attends over the window's one K/V row (the decoder's state
-    holds one per window: a view of its first rows; a strided view works alike), equal bit for bit
-    to each beam on its own copy of it."""
+    holds one per window: a view of its first rows; a strided view works alike). Half precision runs
+    the tensor-core kernel: a window's rows are the same bits alone as among the others (batched
+    decoding equals one window at a time); float32 the CUDA-core one, the same bits as each beam on
+    its own copy of the K/V."""
     torch.manual_seed(windows * beams)
     k_rows, v_rows = cache_views(windows * beams, 1500, dtype)
     q = (torch.randn(windows * beams, HEADS, DIM, device="cuda") * 2).to(dtype)
     for k, v in ((k_rows[:windows], v_rows[:windows]), (k_rows[::beams], v_rows[::beams])):
         grouped = decode_attention(q, k, v, group=beams)
-        alone = decode_attention(q, k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0))
-        assert torch.equal(grouped, alone)
-    assert rel_err(grouped, reference(q, k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0), None)) \
-        < TOLERANCE[dtype]
+        copies_k, copies_v = k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0)
+        assert rel_err(grouped, reference(q, copies_k, copies_v, None)) < TOLERANCE[dtype]
+        if dtype == torch.float32:
+            assert torch.equal(grouped, decode_attention(q, copies_k, copies_v))
+        for w in {0, windows - 1}:
+            rows = slice(w * beams, (w + 1) * beams)
+            assert torch.equal(grouped[rows], decode_attention(q[rows], k[w:w + 1], v[w:w + 1], group=beams))
     with pytest.raises(ValueError, match="groups of"):
         decode_attention(q[:-1], k, v, group=beams)
+
+
+def test_grouped_cuda_graph_replay_equals_eager():
+    """The tensor-core kernel captured in a graph: replays with new queries and K/V equal eager calls."""
+    torch.manual_seed(1)
+    windows, beams = 4, 5
+    k, v = cache_views(windows, 1500, torch.float16)
+    q = torch.randn(windows * beams, HEADS, DIM, device="cuda", dtype=torch.float16)
+    decode_attention(q, k, v, group=beams)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = decode_attention(q, k, v, group=beams)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        graph.replay()
+        eager = decode_attention(q, k, v, group=beams)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager)

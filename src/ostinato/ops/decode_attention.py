@@ -13,10 +13,13 @@ captured in a CUDA graph, and a short self-attention cache costs only its valid 
 past the length return at once, and a row whose keys fit one split needs no combine.
 
 Beam search keeps one window's cross-attention keys and values for all its beams: with ``group``
-> 1, query rows ``b`` read K/V row ``b // group``, and the programs of a window's beams for one
-(head, split) are adjacent in the grid, so the chunk one loads is still in L2 when the others ask:
-each window's cross K/V comes from memory once per step, not once per beam. Each program computes
-what it would alone, so a row's result has the same bits grouped or not.
+> 1, query rows ``b`` read K/V row ``b // group``. In half precision one program then takes all the
+group's queries against each key block it loads, on the tensor cores (``tl.dot``, the group padded to
+16 rows): a window's K/V comes from memory once per step, and its scores cost one matrix product per
+block instead of ``group`` vector passes on the CUDA cores (at 16 windows of 5 beams at large-v3
+sizes, these passes had made cross-attention several times its memory time). Float32 keeps the
+CUDA-core kernel, group by group (tl.dot would round its inputs to tf32). A row's result depends only
+on its own group's queries and K/V, never on how many groups run (the split plan is per K/V row).
 
 A decode step's own key and value (``new_k``/``new_v``, at position length - 1) can be passed
 fresh: the program whose chunk holds that position takes them from registers instead of the cache
@@ -49,20 +52,28 @@ NUM_STAGES = 3  # K/V blocks of this many iterations in flight (tl.range pipelin
 HEAD_DIMS = (64, 128)
 CHUNK_ALIGN = 16  # chunks need not be whole blocks (a partial block loads only its valid keys)
 INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises several splits
+# The grouped (tensor-core) kernel: half precision only; key blocks of 64 rows, two in flight.
+GROUPED_DTYPES = (torch.float16, torch.bfloat16)
+GROUPED_BLOCK_N = 128
+GROUPED_WARPS = 4
+GROUPED_STAGES = 3
+GROUPED_PROGRAMS_PER_SM = 2  # its split plan, per K/V row's heads (so a window's bits never depend on the batch)
+GROUPED_MIN_CHUNK = 256
 
 
 def _sm_count(device: torch.device) -> int:
     return sm_count(device, INTERPRETER_SMS)
 
 
-def split_plan(seq_len: int, heads_rows: int, n_sm: int) -> tuple[int, int]:
-    """(splits, chunk): as many splits as give every SM ``PROGRAMS_PER_SM`` programs, but no chunk
-    shorter than ``MIN_CHUNK`` keys; the count is recomputed from the chunk rounded up to
-    ``CHUNK_ALIGN`` keys (e.g. 132 SMs, 20 heads, 1500 keys: 14 wanted, 112-key chunks, 14 splits)."""
-    wanted = -(-PROGRAMS_PER_SM * n_sm // heads_rows)
-    splits = max(1, min(wanted, seq_len // MIN_CHUNK))
+def split_plan(seq_len: int, heads_rows: int, n_sm: int, programs_per_sm: int = PROGRAMS_PER_SM,
+               min_chunk: int = MIN_CHUNK, align: int = CHUNK_ALIGN) -> tuple[int, int]:
+    """(splits, chunk): as many splits as give every SM ``programs_per_sm`` programs, but no chunk
+    shorter than ``min_chunk`` keys; the count is recomputed from the chunk rounded up to
+    ``align`` keys (e.g. 132 SMs, 20 heads, 1500 keys: 14 wanted, 112-key chunks, 14 splits)."""
+    wanted = -(-programs_per_sm * n_sm // heads_rows)
+    splits = max(1, min(wanted, seq_len // min_chunk))
     chunk = -(-seq_len // splits)
-    chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
+    chunk = -(-chunk // align) * align
     return -(-seq_len // chunk), chunk
 
 
@@ -182,6 +193,70 @@ if HAVE_TRITON:
         tl.store(out_row + d, out.to(out_row.dtype.element_ty))
 
 
+    @triton.jit(do_not_specialize=["S"])
+    def _grouped_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr, S, chunk, qk_scale,
+                        sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_g,
+                        H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+        """Program (b*H + h, split): the G queries of K/V row b, head h, over keys [split*chunk,
+        min((split+1)*chunk, S)), flash-attention style: scores and the weighted values are tensor-core
+        products of the [BLOCK_G, D] queries with each [BLOCK_N, D] block (probabilities rounded to
+        the input dtype for the second, as flash attention does), softmax online in float32. Partials
+        and the combine as in ``_split_kernel``, one arrival counter per (b, h) for its G rows."""
+        if PDL:
+            pdl_enter()
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        start = split * chunk
+        end = tl.minimum(start + chunk, S)
+        live = tl.cdiv(S, chunk)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, D)
+        g_ok = g < G
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g_ok[:, None], other=0.0)
+        k_row = k_ptr + b * sk_b + h * sk_h
+        v_row = v_ptr + b * sv_b + h * sv_h
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, D], tl.float32)
+        for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+            n = n0 + tl.arange(0, BLOCK_N)
+            ok = n < end
+            kt = tl.load(k_row + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0)
+            vt = tl.load(v_row + n[:, None] * sv_s + d[None, :], mask=ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kt)) * qk_scale  # base-2 scores [BLOCK_G, BLOCK_N]
+            s = tl.where(ok[None, :], s, float("-inf"))
+            # every block holds a valid key (the loop stops at end), so the running max is finite
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m = m_new
+        rows = bh.to(tl.int64) * G + g  # partial slots by query row: (b*H + h)*G + g
+        out_rows = out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :]
+        if SPLITS > 1:
+            if live > 1:
+                n_splits = tl.num_programs(1)
+                slot = rows * n_splits + split
+                tl.store(part_ptr + slot[:, None] * D + d[None, :], acc, mask=g_ok[:, None])
+                tl.store(ml_ptr + slot * 2, m, mask=g_ok)
+                tl.store(ml_ptr + slot * 2 + 1, l, mask=g_ok)
+                tl.debug_barrier()
+                arrived = tl.atomic_add(lock_ptr + bh, 1, sem="acq_rel", scope="gpu")
+                if arrived == live - 1:
+                    for i in range(G):
+                        _combine(part_ptr, ml_ptr, out_ptr + b * so_b + h * so_h + i * so_g,
+                                 (bh.to(tl.int64) * G + i) * n_splits, live, D, SPLITS)
+                    tl.atomic_xchg(lock_ptr + bh, 0)
+            else:
+                tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+        else:
+            tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None, *,
                      scale: float | None = None, out: torch.Tensor | None = None,
                      new_k: torch.Tensor | None = None, new_v: torch.Tensor | None = None,
@@ -229,20 +304,47 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"decode_attention: out must be {tuple(q.shape)} with a contiguous last dimension")
     scale = dim ** -0.5 if scale is None else scale
+    if group > 1 and q.dtype in GROUPED_DTYPES:
+        return _grouped(q, k, v, out, scale, group)
     # Planned from the heads of one row, not the batch: a row's result is then the same bits at any
     # batch size (batched transcription must equal one audio at a time).
     splits, chunk = split_plan(seq, heads, _sm_count(q.device))
-    if splits > 1:
-        part = torch.empty(bsz * heads * splits * dim, device=q.device, dtype=torch.float32)
-        ml = torch.empty(bsz * heads * splits * 2, device=q.device, dtype=torch.float32)
-        locks = arrival_counters(q.device, bsz * heads)
-    else:
-        part = ml = locks = out  # unused
+    part, ml, locks = _split_workspace(out, bsz * heads, splits, bsz * heads)
     _split_kernel[(bsz * heads, splits)](
         q, k, v, lengths if lengths is not None else q, new_k, new_v, out, part, ml, locks, seq, chunk, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
         SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, GROUP=group, num_warps=NUM_WARPS,
+        **pdl_options(q.device))
+    return out
+
+
+def _split_workspace(out: torch.Tensor, query_heads: int, splits: int, counters: int):
+    """(partials, (max, sum) pairs, arrival counters) for a launch of ``splits`` splits per query
+    head; with one split the kernel writes ``out`` directly and these are placeholders."""
+    if splits == 1:
+        return out, out, out
+    dim = out.shape[-1]
+    part = torch.empty(query_heads * splits * dim, device=out.device, dtype=torch.float32)
+    ml = torch.empty(query_heads * splits * 2, device=out.device, dtype=torch.float32)
+    return part, ml, arrival_counters(out.device, counters)
+
+
+def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float,
+             group: int) -> torch.Tensor:
+    """group > 1 in half precision: query rows ``w * group + i`` seen as [K/V rows, H, group, D]."""
+    bsz, heads, dim = q.shape
+    seq = k.shape[2]
+    splits, chunk = split_plan(seq, heads, _sm_count(q.device), GROUPED_PROGRAMS_PER_SM, GROUPED_MIN_CHUNK,
+                               GROUPED_BLOCK_N)
+    kv_rows = bsz // group
+    part, ml, locks = _split_workspace(out, bsz * heads, splits, kv_rows * heads)
+    _grouped_kernel[(kv_rows * heads, splits)](
+        q, k, v, out, part, ml, locks, seq, chunk, scale * LOG2E,
+        group * q.stride(0), q.stride(1), q.stride(0), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), group * out.stride(0), out.stride(1), out.stride(0),
+        H=heads, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=GROUPED_BLOCK_N,
+        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=GROUPED_STAGES, num_warps=GROUPED_WARPS,
         **pdl_options(q.device))
     return out

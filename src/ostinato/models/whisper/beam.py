@@ -18,8 +18,9 @@ beams each (rows ``w * K + k`` of the decoder's state):
   end-of-text among the secondary candidates is replaced by token 0 at -1e10.
 
 The surviving beams' histories move with them: the self-attention caches, generated tokens and
-rule state are reordered by origin with ``index_select`` into the same buffers. Only the cache
-positions written so far are moved: the host knows that bound without asking the device (prompt
+rule state are reordered by origin into the same buffers (on CUDA the caches by a kernel that
+rewrites only the rows that move, ``ops.group_reorder``). Only the cache positions written so far
+are moved: the host knows that bound without asking the device (prompt
 lengths plus steps taken), rounds it up to a bucket and replays that bucket's graph. Finished
 hypotheses live in preallocated per-window buffers (only the best one is kept: a call returns one
 hypothesis per window), and the host reads the windows' done flags once per graph replay.
@@ -32,6 +33,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ...ops import group_reorder
+from ...ops.triton_support import kernels_can_run
 from ...runtime import DeviceState, SlotTable, StepGraph
 from .search import SearchOptions, WindowJob, WindowResult, normalized_score, prompt_length
 
@@ -203,10 +206,13 @@ class BeamSearch:
         names = ["out_tokens", "last", "penultimate", "last_timestamp"] + (["seen"] if penalize else [])
         if device.type == "cpu":
             self._reorder_moved_rows(origin, R, filled, names)
-        else:  # graph-safe: every row
-            for name in ("self_k", "self_v"):
-                cache = ds[name][:, :R, :, :filled]
-                cache.copy_(cache.index_select(1, origin))
+        else:  # graph-safe
+            caches = [ds[name][:, :R, :, :filled] for name in ("self_k", "self_v")]
+            if kernels_can_run(device):  # only the rows that move (every layer in one launch)
+                group_reorder.reorder_in_groups(caches, origin, K)
+            else:
+                for cache in caches:
+                    cache.copy_(cache.index_select(1, origin))
             for name in names:
                 buf = ds[name][:R]
                 buf.copy_(buf.index_select(0, origin))
