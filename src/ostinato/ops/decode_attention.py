@@ -269,7 +269,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     new_k, new_v [B, H, D] (with lengths, k's dtype): this step's key and value, written into k and v
     at position lengths[b] - 1 and attended there (what a scatter into the cache before the call gives).
     group: query rows in consecutive groups of this size share one K/V row (k, v [B / group, H, S, D]),
-    as a window's beams share its cross-attention keys; not with lengths or new_k/new_v.
+    as a window's beams share its cross-attention keys; not with lengths or new_k/new_v. In half
+    precision (q, k and v of one dtype) such groups run the tensor-core kernel (module docstring).
     Returns [B, H, D] in q's dtype, written into ``out`` when given (e.g. a graph's static buffer).
     """
     bsz, heads, dim = q.shape
@@ -304,7 +305,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"decode_attention: out must be {tuple(q.shape)} with a contiguous last dimension")
     scale = dim ** -0.5 if scale is None else scale
-    if group > 1 and q.dtype in GROUPED_DTYPES:
+    if group > 1 and q.dtype in GROUPED_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype:
         return _grouped(q, k, v, out, scale, group)
     # Planned from the heads of one row, not the batch: a row's result is then the same bits at any
     # batch size (batched transcription must equal one audio at a time).
