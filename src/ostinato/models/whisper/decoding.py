@@ -556,9 +556,12 @@ class WindowDecoder:
             _RowOfEachLayer(st["cross_k"], slot), _RowOfEachLayer(st["cross_v"], slot),
             filled=length, logits_at=key.logits_at,
         )[0]
-        rows = row if isinstance(row, Tensor) else torch.tensor([row], device=self.device)
-        st["self_k"][:, :, :, :length].index_copy_(1, rows, scratch_k)
-        st["self_v"][:, :, :, :length].index_copy_(1, rows, scratch_v)
+        for name, scratch in (("self_k", scratch_k), ("self_v", scratch_v)):
+            cache = st[name][:, :, :, :length]
+            if isinstance(row, Tensor):
+                cache.index_copy_(1, row, scratch)
+            else:  # eager: a view of the row, no index tensor to build on the host and copy over
+                cache[:, row : row + 1].copy_(scratch)
         return logits
 
     def _prefill(self, row: int, slot: int, req: WindowRequest) -> None:
