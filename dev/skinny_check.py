@@ -82,6 +82,7 @@ def check_rows_alone(m, n, k, dtype, device, piece=5):
     plan = skinny.linear_plan(m, n, k, skinny._sm_count(device), x.element_size())
     print(f"{time.perf_counter() - t0:5.2f}s linear M={m:3d} N={n:5d} K={k:4d} {str(dtype)[6:]:8s} rows "
           f"{piece} at a time: {plan['m_blocks']} block(s) of {plan['block_m']} rows, splits={plan['splits']} "
+          f"in groups of {plan['group']} "
           f"rel err {err:.2e} {'ok' if ok else 'FAIL'}")
     return ok
 
@@ -149,6 +150,11 @@ def main() -> int:
         ok_all &= check_linear(70, 77, 130, dtype, (True, False, True), device)  # two row blocks
         ok_all &= check_linear(3, 384, 384, dtype, (False, True, True), device, in_place=True)
         ok_all &= check_rows_alone(40, 384, 1536, dtype, device)  # split K: three 16-row blocks
+        # several row blocks take the K chunks in groups: one group for all (70x384x1536), groups of
+        # 3 over 4 programs, of 4, 4 and 2 chunks, of 3, 3 and 2 chunks of 2 tiles (with the
+        # interpreter's 16 SMs; on a GPU the plans differ)
+        for m, n, k in ((70, 384, 1536), (40, 128, 1536), (70, 128, 1280), (40, 256, 2048)):
+            ok_all &= check_rows_alone(m, n, k, dtype, device)
         if on_gpu or dtype != torch.float32:  # no split K: one 64-row block (numpy's float32 product,
             ok_all &= check_rows_alone(40, 2100, 256, dtype, device)  # the interpreter's, rounds by shape)
         if on_gpu:  # large-v3's beam-step shapes, and its vocabulary projection (no split K)

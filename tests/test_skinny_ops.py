@@ -34,3 +34,38 @@ def test_pdl_only_on_cuda_and_can_be_switched_off(monkeypatch):
     assert pdl_options(torch.device("cpu")) == {"PDL": False}  # no launch_pdl keyword for the interpreter
     monkeypatch.setenv("OSTINATO_NO_PDL", "1")
     assert pdl_options(torch.device("cuda", 0)) == {"PDL": False}
+
+
+def test_pdl_only_for_launches_of_few_rows(monkeypatch):
+    import torch
+
+    from ostinato.ops import triton_support
+
+    monkeypatch.delenv("OSTINATO_NO_PDL", raising=False)
+    monkeypatch.setattr(triton_support, "_pdl_capable", lambda index: True)
+    cuda = torch.device("cuda", 0)
+    assert triton_support.pdl_options(cuda, 5) == {"PDL": True, "launch_pdl": True}
+    assert triton_support.pdl_options(cuda, triton_support.PDL_MAX_ROWS) == {"PDL": True, "launch_pdl": True}
+    assert triton_support.pdl_options(cuda, triton_support.PDL_MAX_ROWS + 1) == {"PDL": False}
+
+
+def test_linear_plan_keeps_the_sum_and_groups_chunks_for_many_rows():
+    from ostinato.ops.skinny import linear_plan
+
+    for n, k in ((1280, 1280), (3840, 1280), (5120, 1280), (1280, 5120), (384, 1536)):
+        one = linear_plan(1, n, k, 132)
+        assert one["group"] == 1 and one["programs_k"] == one["splits"]
+        for m in (5, 16, 17, 40, 80, 150):
+            plan = linear_plan(m, n, k, 132)
+            # the sum's order (chunks of whole tiles) is the one-row plan's at every M
+            assert (plan["splits"], plan["tiles"], plan["block_k"]) == (one["splits"], one["tiles"], one["block_k"])
+            # every chunk goes to exactly one program
+            assert (plan["programs_k"] - 1) * plan["group"] < plan["splits"] <= plan["programs_k"] * plan["group"]
+            programs = plan["n_blocks"] * plan["m_blocks"] * plan["programs_k"]
+            assert plan["m_blocks"] == 1 or programs <= 2 * 132 or plan["group"] == plan["splits"]
+    # large-v3 at 16 windows x 5 beams, by hand: 1280x1280 has 20 column blocks and 10 chunks of one
+    # tile; five 16-row blocks fit a wave (100 <= 264), and chunks in groups of 5 give 200 programs
+    assert linear_plan(80, 1280, 1280, 132) == dict(block_m=16, block_k=128, m_blocks=5, n_blocks=20, tiles=1,
+                                                     splits=10, group=5, programs_k=2)
+    # 5120x1280: 80 column blocks x five 16-row blocks would be 400 programs: 32-row blocks, one group
+    assert linear_plan(80, 5120, 1280, 132)["block_m"] == 32 and linear_plan(80, 5120, 1280, 132)["programs_k"] == 1

@@ -317,7 +317,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
         SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, GROUP=group, num_warps=NUM_WARPS,
-        **pdl_options(q.device))
+        **pdl_options(q.device, bsz))
     return out
 
 
@@ -347,5 +347,5 @@ def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         v.stride(0), v.stride(1), v.stride(2), group * out.stride(0), out.stride(1), out.stride(0),
         H=heads, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=GROUPED_BLOCK_N,
         SPLITS=triton.next_power_of_2(splits), NUM_STAGES=GROUPED_STAGES, num_warps=GROUPED_WARPS,
-        **pdl_options(q.device))
+        **pdl_options(q.device, bsz))
     return out

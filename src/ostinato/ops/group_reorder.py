@@ -84,4 +84,4 @@ def reorder_in_groups(tensors: Sequence[torch.Tensor], origin: torch.Tensor, gro
     _reorder_kernel[grid](
         a, b, origin, span, layers, a.stride(0), a.stride(1), a.stride(2),
         H=heads, GROUP=group, GROUP_P2=triton.next_power_of_2(group), BLOCK=BLOCK, TWO=len(tensors) == 2,
-        num_warps=NUM_WARPS, **pdl_options(a.device))
+        num_warps=NUM_WARPS, **pdl_options(a.device, rows))

@@ -11,7 +11,9 @@ partial to a workspace and counts itself in on a per-tile arrival counter; the l
 tile to arrive sums the partials in split order (so the result does not depend on which one is
 last) and applies bias, GELU and the residual, then zeroes the counter for the next launch. One
 launch per linear either way: a separate reduce kernel cost a launch per linear (about 1.8 us each
-on an H100, 192 per large-v3 step).
+on an H100, 192 per large-v3 step). With many rows (a beam step of 16 windows: 80) each program
+takes several consecutive chunks, so the launch stays one wave; the sum's order stays the one-row
+plan's, so a row's bits never depend on the others (``linear_plan``).
 ``add_layer_norm`` folds the residual add into the following LayerNorm: one program per row.
 
 Launch parameters depend only on shapes and the SM count (no autotuning, no host synchronisation),
@@ -46,32 +48,38 @@ def _sm_count(device: torch.device) -> int:
 
 ROW_BLOCK = 16  # rows per program: the smallest tl.dot side
 MAX_BLOCK_M = 128  # rows per program without split K
-MAX_SPLITS_FOR_32_ROWS = 5
+GROUPED_PROGRAMS_PER_SM = 2  # several row blocks: K chunks go to programs in groups to keep one wave
 
 
-def block_rows(m: int, splits: int) -> int:
+def block_rows(m: int, splits: int, n_blocks: int, n_sm: int) -> int:
     """Rows per program. Without split K (the vocabulary projection), rows past 16 go in blocks of up
     to 128: each weight tile is then read once for all of them (at 80 rows of large-v3: 77 us instead
-    of 227 on an H100). With split K the last program of a tile sums the partials of its rows alone,
-    which favours small blocks summed in parallel: 32 rows up to 5 splits (80 rows of large-v3's
-    3840x1280: 12.7 us against 15.4 at 16 and 15.7 at 128), 16 with more (1280x1280, 10 splits: 10.0
-    against 12.9 at 32). A row's bits do not depend on the block's height (checked on an H100 in
+    of 227 on an H100). With split K, 16-row blocks while one per column block fits one wave of
+    programs (the K chunks then go to programs in groups), else 32: at 80 rows of large-v3,
+    1280x1280 8.2 us at 16 against 9.5 at 32, 5120x1280 11.4 at 32 against 17.2 at 16 (an H100,
+    weights from memory). A row's bits do not depend on the block's height (checked on an H100 in
     half precision and float32: dev/skinny_check.py)."""
     if m <= ROW_BLOCK:
         return ROW_BLOCK
-    if splits > 1:
-        return 2 * ROW_BLOCK if splits <= MAX_SPLITS_FOR_32_ROWS else ROW_BLOCK
-    return min(MAX_BLOCK_M, 1 << (m - 1).bit_length())
+    if splits == 1:
+        return min(MAX_BLOCK_M, 1 << (m - 1).bit_length())
+    return ROW_BLOCK if -(-m // ROW_BLOCK) * n_blocks <= GROUPED_PROGRAMS_PER_SM * n_sm else 2 * ROW_BLOCK
 
 
 def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
-    """Block sizes and split-K for ``linear``: enough (column block, K chunk) programs for
-    ``PROGRAMS_PER_SM`` per SM, K chunks of whole BLOCK_K tiles, and no more splits than keep the
-    float32 partials' traffic under ``MAX_WORKSPACE_RATIO`` x the weight bytes (it mostly stays in
-    L2, but at M=64 it would otherwise dwarf the weight). E.g. 132 SMs, M=1: 1280x1280 -> 20 column
-    blocks x 10 splits; 5120x1280 -> 80 x 4 (3 tiles each); 51866x1280 -> 811 x 1, no reduce kernel."""
-    # Every choice but the row blocks depends on (N, K) only, so a row's result is the same bits
-    # whatever M is: batched decoding equals decoding one window at a time.
+    """Block sizes and split-K for ``linear``.
+
+    The sum (``splits`` K chunks of ``tiles`` BLOCK_K tiles each, the chunks' partials added in chunk
+    order) depends on (N, K) only, so a row's result is the same bits whatever M is: batched decoding
+    equals decoding one window at a time. It is chosen for one row block: enough (column block, K
+    chunk) programs for ``PROGRAMS_PER_SM`` per SM, and no more chunks than keep the float32
+    partials' traffic under ``MAX_WORKSPACE_RATIO`` x the weight bytes. E.g. 132 SMs, M=1: 1280x1280
+    -> 20 column blocks x 10 chunks; 5120x1280 -> 80 x 4 (3 tiles each); 51866x1280 -> 811 x 1.
+
+    How the chunks go to programs depends on M: with several row blocks each program takes ``group``
+    consecutive chunks (the first program adds its chunks' partials itself, the others store theirs),
+    so the launch stays near ``PROGRAMS_PER_SM`` per SM instead of growing with the rows; the sum's
+    order is unchanged."""
     block_k = TILE_BYTES // (BLOCK_N * elem_bytes)
     n_blocks = -(-n // BLOCK_N)
     k_tiles = -(-k // block_k)
@@ -80,10 +88,16 @@ def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
     cap = max(1, int(MAX_WORKSPACE_RATIO * k * elem_bytes / (8 * ROW_BLOCK)))
     splits = max(1, min(wanted, cap, k_tiles))
     tiles = -(-k_tiles // splits)
-    block_m = block_rows(m, splits)
+    splits = -(-k_tiles // tiles)
+    block_m = block_rows(m, splits, n_blocks, n_sm)
     m_blocks = -(-m // block_m)
+    group = 1  # one row block: one chunk a program, as the plan was made
+    if m_blocks > 1:
+        budget = GROUPED_PROGRAMS_PER_SM * n_sm
+        group = next(g for g in range(1, splits + 1) if n_blocks * m_blocks * -(-splits // g) <= budget
+                     or g == splits)
     return dict(block_m=block_m, block_k=block_k, m_blocks=m_blocks, n_blocks=n_blocks, tiles=tiles,
-                splits=-(-k_tiles // tiles))
+                splits=splits, group=group, programs_k=-(-splits // group))
 
 
 if HAVE_TRITON:
@@ -103,56 +117,90 @@ if HAVE_TRITON:
 
     @triton.jit
     def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, lock_ptr, M, N, K, sxm, swn, srm, som,
-                       TILES: tl.constexpr, SPLITS: tl.constexpr,
+                       TILES: tl.constexpr, SPLITS: tl.constexpr, GROUP: tl.constexpr, PROGRAMS_K: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr,
                        PDL: tl.constexpr):
-        """Program (column block, K chunk, row block): acc[BLOCK_M, BLOCK_N] over TILES BLOCK_K tiles.
-        Only the last chunk runs past K (its loads are masked), so every program has the same
-        compile-time trip count, which the compiler pipelines (and a runtime loop bound would not run
-        in the interpreter under numpy 2.4, whose scalars there are 1-element arrays)."""
+        """Program (column block, group of GROUP K chunks, row block): each chunk's partial
+        acc[BLOCK_M, BLOCK_N] over TILES BLOCK_K tiles. The sum is ((p0 + p1) + p2) + ... in chunk
+        order whoever computes it: the first group's program adds its partials as they finish and
+        stores that prefix, the others store theirs, and the last of a tile's programs to arrive
+        continues the sum. Only the last chunk runs past K (its loads are masked), so every program
+        has the same compile-time trip count, which the compiler pipelines (and a runtime loop bound
+        would not run in the interpreter under numpy 2.4, whose scalars there are 1-element arrays)."""
         if PDL:
             pdl_enter()
         pid_n = tl.program_id(0)
-        split = tl.program_id(1)
+        pid_k = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         kk = tl.arange(0, BLOCK_K)
         row_ok = rows < M
         col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * swn  # int64: vocab x d exceeds 2^31 bytes at fp32 x 2
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        k0 = split * (TILES * BLOCK_K)
-        for i in range(0, TILES):
-            k = k0 + i * BLOCK_K + kk
-            k_ok = k < K
-            xt = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            if FP32:  # tensor cores would round float32 operands to tf32
-                acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
-            else:
-                acc += tl.dot(xt, tl.trans(wt))
-        mask = row_ok[:, None] & col_ok[None, :]
-        if SPLITS > 1:
-            slot = (split * M + rows).to(tl.int64)
-            tl.store(ws_ptr + slot[:, None] * N + cols[None, :], acc, mask=mask)
-            # Every thread's partial is stored before one thread's release of the arrival count.
+        ws_cols = ws_ptr + cols[None, :]
+        if GROUP == 1:  # one chunk: its partial
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            k0 = pid_k * (TILES * BLOCK_K)
+            for i in range(0, TILES):
+                k = k0 + i * BLOCK_K + kk
+                k_ok = k < K
+                xt = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                wt = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+                if FP32:  # tensor cores would round float32 operands to tf32
+                    acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+                else:
+                    acc += tl.dot(xt, tl.trans(wt))
+            if PROGRAMS_K > 1:
+                slot = (pid_k * M + rows).to(tl.int64)
+                tl.store(ws_cols + slot[:, None] * N, acc, mask=mask)
+            total = acc
+        else:  # GROUP chunks: each partial from zero; the first group adds its own as they finish
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            first = pid_k * GROUP
+            for i in range(0, GROUP * TILES):
+                k = (first * TILES + i) * BLOCK_K + kk
+                k_ok = k < K
+                xt = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                wt = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+                if TILES > 1:
+                    acc = tl.where(i % TILES == 0, 0.0, acc)
+                else:
+                    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                if FP32:
+                    acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+                else:
+                    acc += tl.dot(xt, tl.trans(wt))
+                end = i % TILES == TILES - 1
+                total += tl.where(end, acc, 0.0)
+                if PROGRAMS_K > 1:  # past the first group, each chunk's partial goes to its own slot
+                    chunk = first + i // TILES
+                    slot = (chunk * M + rows).to(tl.int64)
+                    tl.store(ws_cols + slot[:, None] * N, acc, mask=mask & end & (pid_k > 0) & (chunk < SPLITS))
+            if PROGRAMS_K > 1:
+                tl.store(ws_cols + rows.to(tl.int64)[:, None] * N, total, mask=mask & (pid_k == 0))
+        if PROGRAMS_K > 1:
+            # Every thread's partials are stored before one thread's release of the arrival count.
             tl.debug_barrier()
             lock = lock_ptr + tl.program_id(2) * tl.num_programs(0) + pid_n
             arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLITS - 1:
-                # The last to arrive: the sum in split order, as a separate reduce kernel would take it.
+            if arrived == PROGRAMS_K - 1:
+                # The last to arrive: the sum in chunk order (the first group's slot holds the sum of
+                # its chunks), as a separate reduce kernel would take it.
                 total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for s in range(0, SPLITS):
+                total += tl.load(ws_cols + rows.to(tl.int64)[:, None] * N, mask=mask, other=0.0,
+                                 cache_modifier=".cg")  # from L2: other SMs wrote these
+                for s in range(GROUP, SPLITS):
                     part = (s * M + rows).to(tl.int64)
-                    total += tl.load(ws_ptr + part[:, None] * N + cols[None, :], mask=mask, other=0.0,
-                                     cache_modifier=".cg")  # from L2: other SMs wrote these
+                    total += tl.load(ws_cols + part[:, None] * N, mask=mask, other=0.0, cache_modifier=".cg")
                 _epilogue(total, rows.to(tl.int64)[:, None], cols[None, :], mask, N, b_ptr, r_ptr, srm, o_ptr,
                           som, HAS_BIAS, GELU, HAS_RES)
                 tl.atomic_xchg(lock, 0)  # ready for the next launch (graph replays reuse the counters)
         else:
-            _epilogue(acc, rows.to(tl.int64)[:, None], cols[None, :], mask, N, b_ptr, r_ptr, srm, o_ptr, som,
+            _epilogue(total, rows.to(tl.int64)[:, None], cols[None, :], mask, N, b_ptr, r_ptr, srm, o_ptr, som,
                       HAS_BIAS, GELU, HAS_RES)
 
     @triton.jit
@@ -233,7 +281,7 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
         x2, u2, weight if weight is not None else x2, bias if bias is not None else x2, nx2, y2, n, eps, float(alpha),
         x2.stride(0), u2.stride(0), nx2.stride(0), y2.stride(0), BLOCK=block,
         HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        num_warps=max(1, min(8, block // 256)), **pdl_options(x.device))  # ~8 elements per thread
+        num_warps=max(1, min(8, block // 256)), **pdl_options(x.device, x2.shape[0]))  # ~8 elements per thread
     return nx, y
 
 
@@ -267,14 +315,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if m == 0:
         return o
     plan = linear_plan(m, n, k, _sm_count(x.device), x.element_size())
-    split = plan["splits"] > 1
+    split = plan["programs_k"] > 1
     ws = torch.empty(plan["splits"] * m * n if split else 1, device=x.device, dtype=torch.float32)
     locks = arrival_counters(x.device, plan["n_blocks"] * plan["m_blocks"]) if split else ws
     b = bias if bias is not None else o2
     flags = dict(HAS_BIAS=bias is not None, GELU=gelu, HAS_RES=residual is not None)
-    _linear_kernel[(plan["n_blocks"], plan["splits"], plan["m_blocks"])](
+    _linear_kernel[(plan["n_blocks"], plan["programs_k"], plan["m_blocks"])](
         x2, weight, b, r2, o2, ws, locks, m, n, k, x2.stride(0), weight.stride(0), r2.stride(0), o2.stride(0),
-        TILES=plan["tiles"], SPLITS=plan["splits"], BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N,
+        TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"], PROGRAMS_K=plan["programs_k"], BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N,
         BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32, num_warps=4, num_stages=NUM_STAGES, **flags,
-        **pdl_options(x.device))
+        enable_fp_fusion=False,  # the epilogue's multiply-adds round alike in every program's layout
+        **pdl_options(x.device, m))
     return o

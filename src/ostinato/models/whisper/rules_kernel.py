@@ -382,7 +382,7 @@ def _launch(
         HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
         WRITE=write, GREEDY=greedy, ADVANCE=advance, HAS_SEEN=advance and seen is not None,
         PRECISE=(libdevice is not None and not settings.triton_interpreter()),
-        BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS, **pdl_options(logits.device),
+        BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS, **pdl_options(logits.device, rows),
     )
     return out, token, logprob, no_speech_prob
 
