@@ -43,7 +43,7 @@ def layer(n, k, dtype, bias):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 80])  # 80: a beam step of 16 windows, K chunks in groups
 @pytest.mark.parametrize("n,k,bias,gelu,res", SHAPES, ids=lambda v: str(v))
 def test_linear_matches_float64(m, n, k, bias, gelu, res, dtype):
     torch.manual_seed(m * n + k)
@@ -61,6 +61,24 @@ def test_linear_matches_float64(m, n, k, bias, gelu, res, dtype):
         o = torch.full((m, 1, n), float("nan"), device="cuda", dtype=dtype)
         assert skinny.linear(x, w, bb, residual=rr, gelu=fg, out=o) is o
         assert not o.isnan().any() and rel_err(o, linear_ref(x, w, bb, rr, fg)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("m", [40, 80, 150])
+@pytest.mark.parametrize("n,k,bias,gelu,res", SHAPES[:4], ids=lambda v: str(v))
+def test_a_row_does_not_depend_on_the_others(m, n, k, bias, gelu, res, dtype):
+    """Batched decoding equals one window at a time: m rows in one call (several row blocks, K chunks
+    in groups) give the bits of the same rows 5 at a time (one row block, one chunk a program)."""
+    torch.manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w, b = layer(n, k, dtype, True)
+    r = torch.randn(m, n, device="cuda").to(dtype)
+    plan = skinny.linear_plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, x.element_size())
+    assert plan["m_blocks"] > 1 and plan["group"] > 1  # the grouped path, not the one-row plan
+    whole = skinny.linear(x, w, b, residual=r, gelu=True)
+    pieces = torch.cat([skinny.linear(x[i:i + 5], w, b, residual=r[i:i + 5], gelu=True) for i in range(0, m, 5)])
+    assert torch.equal(whole, pieces)
+    assert rel_err(whole, linear_ref(x, w, b, r, True)) < TOLERANCE.get(dtype, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -104,7 +122,7 @@ def test_first_calls_do_not_sync():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 80])
 def test_cuda_graph_replay_equals_eager(m, dtype):
     torch.manual_seed(0)
     fc1_w, fc1_b = layer(4 * D, D, dtype, True)
