@@ -10,6 +10,10 @@ Two timings each, in microseconds:
   graph  the call captured in a CUDA graph over enough weight copies (>= 256 MB) that every call reads
          its weight from memory, as in a 32-layer decode step: GPU time only, what the decoder's
          graphs pay. GB/s = weight bytes / graph time (the floor: every weight is read once).
+layers: 32 decoder layers' LayerNorms and linears (no attention) in one graph, per step. One shape
+after another, as the decoder runs them: a kernel's cost can depend on its neighbours (PDL's early
+launch made one-wave kernels at 80 rows slower in sequence although each was faster alone), so this
+is the number that predicts a decode step; the per-shape table does not.
 """
 from __future__ import annotations
 
@@ -59,10 +63,61 @@ def graph_time(fn, weights: list[torch.Tensor], reps: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def layers_time(m: int, dtype: torch.dtype, fused: bool, layers: int = 32, reps: int = 15) -> float:
+    """Median microseconds of one step of ``layers`` decoder layers' LayerNorms and linears at ``m``
+    rows (attention left out: the out projection reads the first third of the qkv output)."""
+    def weight(n, k):
+        return torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+
+    def vec(n):
+        return torch.randn(n, device="cuda", dtype=dtype) * 0.1
+
+    params = [dict(qkv=(weight(3 * D, D), vec(3 * D)), out=(weight(D, D), vec(D)), cross_q=(weight(D, D), vec(D)),
+                   cross_out=(weight(D, D), vec(D)), fc1=(weight(4 * D, D), vec(4 * D)), fc2=(weight(D, 4 * D), vec(D)),
+                   ln=(1 + vec(D), vec(D))) for _ in range(layers)]
+
+    def linear(x, wb, residual=None, gelu=False):
+        if fused:
+            return skinny.linear(x, *wb, residual=residual, gelu=gelu)
+        y = F.linear(x, *wb)
+        y = F.gelu(y) if gelu else y
+        return y if residual is None else y + residual
+
+    def norm(x, wb):
+        return skinny.add_layer_norm(x, None, *wb)[1] if fused else F.layer_norm(x, (D,), *wb)
+
+    def step(x):
+        for p in params:
+            qkv = linear(norm(x, p["ln"]), p["qkv"])
+            x = linear(qkv[:, :D], p["out"], residual=x)
+            x = linear(linear(norm(x, p["ln"]), p["cross_q"]), p["cross_out"], residual=x)
+            x = linear(linear(norm(x, p["ln"]), p["fc1"], gelu=True), p["fc2"], residual=x)
+        return x
+
+    x = torch.randn(m, D, device="cuda", dtype=dtype)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(x)  # compile / warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(x)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 80])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     dev = torch.device("cuda")
@@ -90,7 +145,7 @@ def main() -> None:
             g_torch, g_skinny = graph_time(plain, [w]), graph_time(fused, [w])
             mb = w.numel() * w.element_size() / 1e3  # bytes per microsecond / 1e3 = GB/s
             p = skinny.linear_plan(m, n, k, skinny._sm_count(dev), w.element_size())
-            plan = f"{p['n_blocks'] * p['m_blocks']}x{p['splits']} BM{p['block_m']}"
+            plan = f"{p['n_blocks'] * p['m_blocks']}x{p['programs_k']} BM{p['block_m']}"
             print(f"{name:10s} {m:3d} {n:6d} {k:5d} {plan:>16s} | {e_torch:7.1f} {e_skinny:7.1f} | "
                   f"{g_torch:7.1f} {g_skinny:7.1f} | {mb / g_torch:6.0f} {mb / g_skinny:6.0f}")
     print(f"{'add+LN':10s} {'M':>3s} {'N':>6s} | {'eager torch':>11s} {'skinny':>7s} | "
@@ -111,6 +166,10 @@ def main() -> None:
         e_torch, e_skinny = bench(lambda: plain_ln(lw)), bench(lambda: fused_ln(lw))
         g_torch, g_skinny = graph_time(plain_ln, [lw]), graph_time(fused_ln, [lw])
         print(f"{'add+LN':10s} {m:3d} {D:6d} | {e_torch:11.1f} {e_skinny:7.1f} | {g_torch:11.1f} {g_skinny:7.1f}")
+    print(f"{'layers':10s} {'M':>3s} | 32 layers' LayerNorms + linears, us per step: {'torch':>7s} {'skinny':>7s}")
+    for m in args.rows:
+        print(f"{'layers':10s} {m:3d} | {'':46s} {layers_time(m, dtype, False):7.0f} "
+              f"{layers_time(m, dtype, True):7.0f}")
 
 
 if __name__ == "__main__":
