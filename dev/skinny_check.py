@@ -5,8 +5,10 @@
 
 Inputs are strided views (rows of wider buffers, some with leading dims), outputs start as NaN so every
 element must be written, and a second call without ``out`` must give identical values (the split-K
-sum is deterministic), and rows computed together equal the same rows a few at a time. The interpreter runs small shapes in float32 and float16 (bfloat16 and the
-large-v3 sizes only on a GPU: numpy has no bfloat16, and the interpreter is slow). Prints one line
+sum is deterministic), and rows computed together (several row blocks, K chunks in groups) equal the
+same rows a few at a time, bit for bit. The interpreter runs small shapes in float32 and float16
+(bfloat16 and the large-v3 sizes only on a GPU: numpy has no bfloat16, and the interpreter is slow).
+Prints one line
 per case and ends with ``skinny ops == reference: True`` (exit 1 otherwise). SEED=n repeats a run.
 """
 import itertools

@@ -322,8 +322,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flags = dict(HAS_BIAS=bias is not None, GELU=gelu, HAS_RES=residual is not None)
     _linear_kernel[(plan["n_blocks"], plan["programs_k"], plan["m_blocks"])](
         x2, weight, b, r2, o2, ws, locks, m, n, k, x2.stride(0), weight.stride(0), r2.stride(0), o2.stride(0),
-        TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"], PROGRAMS_K=plan["programs_k"], BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N,
-        BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32, num_warps=4, num_stages=NUM_STAGES, **flags,
+        TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"], PROGRAMS_K=plan["programs_k"],
+        BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N, BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32,
+        num_warps=4, num_stages=NUM_STAGES, **flags,
         enable_fp_fusion=False,  # the epilogue's multiply-adds round alike in every program's layout
         **pdl_options(x.device, m))
     return o
