@@ -36,21 +36,17 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3  # microseconds
 
 
-def graph_time(fn, weights: list[torch.Tensor], reps: int = 10) -> float:
-    """Median microseconds per fn(weight) call, captured in one graph that cycles through the
-    weight copies (so none is still in L2 when read again)."""
-    copies = max(1, min(256, -(-(256 << 20) // (weights[0].numel() * weights[0].element_size()))))
-    sets = [[w.clone() for w in weights] for _ in range(copies)]
-    calls = max(copies, 64)
+def replay_median_us(warm, body, reps: int) -> float:
+    """Median microseconds of one replay of a graph captured from ``body()``; ``warm()`` runs first,
+    outside the capture (compiles, first-call work)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn(*sets[0])  # compile / warm up outside the capture
+        warm()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*sets[i % copies])
+        body()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -58,9 +54,23 @@ def graph_time(fn, weights: list[torch.Tensor], reps: int = 10) -> float:
         graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph, sets
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
     return sorted(times)[len(times) // 2]
+
+
+def graph_time(fn, weights: list[torch.Tensor], reps: int = 10) -> float:
+    """Median microseconds per fn(weight) call, captured in one graph that cycles through the
+    weight copies (so none is still in L2 when read again)."""
+    copies = max(1, min(256, -(-(256 << 20) // (weights[0].numel() * weights[0].element_size()))))
+    sets = [[w.clone() for w in weights] for _ in range(copies)]
+    calls = max(copies, 64)
+
+    def body():
+        for i in range(calls):
+            fn(*sets[i % copies])
+
+    return replay_median_us(lambda: fn(*sets[0]), body, reps) / calls
 
 
 def layers_time(m: int, dtype: torch.dtype, fused: bool, layers: int = 32, reps: int = 15) -> float:
@@ -95,23 +105,7 @@ def layers_time(m: int, dtype: torch.dtype, fused: bool, layers: int = 32, reps:
         return x
 
     x = torch.randn(m, D, device="cuda", dtype=dtype)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(x)  # compile / warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(x)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return replay_median_us(lambda: step(x), lambda: step(x), reps)
 
 
 def main() -> None:
