@@ -80,7 +80,8 @@ def _pdl_capable(index: int) -> bool:
 # Rows past which a launch goes without PDL. A few rows make small, short kernels whose launch PDL
 # hides; many rows make kernels that fill the SMs, and launched early those wait on the SMs that the
 # kernel before them still needs (Whisper large-v3 on an H100, one hour: 16 windows x 5 beams, 80
-# rows, 5.27 s with PDL, 5.07 without; one window, 5 rows, 23.7 s with, 24.6 without).
+# rows, 5.27 s with PDL on all but the linears, 5.07 without; one window, 5 rows, 23.7 s with, 24.6
+# without).
 PDL_MAX_ROWS = 16
 
 
