@@ -33,11 +33,11 @@ def feature_report() -> str:
         lines.append("cuda.bindings: present")
     except Exception as exc:  # noqa: BLE001
         lines.append(f"cuda.bindings: {type(exc).__name__}")
-    from ostinato.ops.triton_support import pdl_options
+    from ostinato.ops.triton_support import PDL_MAX_ROWS, pdl_options
 
-    if pdl_options(torch.device("cuda")).get("PDL"):
-        lines.append("PDL on: each kernel's time includes its wait for the one before, so the times overlap; "
-                     "OSTINATO_NO_PDL=1 gives times that add up")
+    if pdl_options(torch.device("cuda"), 1).get("PDL"):
+        lines.append(f"PDL on for launches of up to {PDL_MAX_ROWS} rows: such a kernel's time includes its wait "
+                     "for the one before, so the times overlap; OSTINATO_NO_PDL=1 gives times that add up")
     return "\n".join(lines)
 
 

@@ -151,9 +151,9 @@ def test_module_conditions_on_top_of_the_check(monkeypatch):
 
 def test_pdl_switch(monkeypatch):
     monkeypatch.setenv("OSTINATO_NO_PDL", "1")  # checked before the device is ever asked
-    assert triton_support.pdl_options(torch.device("cuda", 0)) == {"PDL": False}
+    assert triton_support.pdl_options(torch.device("cuda", 0), 1) == {"PDL": False}
     monkeypatch.delenv("OSTINATO_NO_PDL")
-    assert triton_support.pdl_options(torch.device("cpu")) == {"PDL": False}
+    assert triton_support.pdl_options(torch.device("cpu"), 1) == {"PDL": False}
 
 
 def test_decode_loop_choice(monkeypatch):

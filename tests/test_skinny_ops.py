@@ -31,9 +31,9 @@ def test_pdl_only_on_cuda_and_can_be_switched_off(monkeypatch):
 
     from ostinato.ops.triton_support import pdl_options
 
-    assert pdl_options(torch.device("cpu")) == {"PDL": False}  # no launch_pdl keyword for the interpreter
+    assert pdl_options(torch.device("cpu"), 1) == {"PDL": False}  # no launch_pdl keyword for the interpreter
     monkeypatch.setenv("OSTINATO_NO_PDL", "1")
-    assert pdl_options(torch.device("cuda", 0)) == {"PDL": False}
+    assert pdl_options(torch.device("cuda", 0), 1) == {"PDL": False}
 
 
 def test_pdl_only_for_launches_of_few_rows(monkeypatch):

@@ -52,7 +52,7 @@ NUM_STAGES = 3  # K/V blocks of this many iterations in flight (tl.range pipelin
 HEAD_DIMS = (64, 128)
 CHUNK_ALIGN = 16  # chunks need not be whole blocks (a partial block loads only its valid keys)
 INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises several splits
-# The grouped (tensor-core) kernel: half precision only; key blocks of 64 rows, two in flight.
+# The grouped (tensor-core) kernel: half precision only; key blocks of 128 rows, three in flight.
 GROUPED_DTYPES = (torch.float16, torch.bfloat16)
 GROUPED_BLOCK_N = 128
 GROUPED_WARPS = 4

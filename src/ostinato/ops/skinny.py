@@ -141,7 +141,8 @@ if HAVE_TRITON:
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * sxm
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * swn  # int64: vocab x d exceeds 2^31 bytes at fp32 x 2
         ws_cols = ws_ptr + cols[None, :]
-        if GROUP == 1:  # one chunk: its partial
+        if GROUP == 1:  # one chunk: its partial, the loop of before (the grouped loop's selects and
+            # per-chunk stores, used for every launch, made 5-row launches 0.1-0.4 us slower on an H100)
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             k0 = pid_k * (TILES * BLOCK_K)
             for i in range(0, TILES):

@@ -85,9 +85,10 @@ def _pdl_capable(index: int) -> bool:
 PDL_MAX_ROWS = 16
 
 
-def pdl_options(device: torch.device, rows: int = 1) -> dict:
+def pdl_options(device: torch.device, rows: int) -> dict:
     """Launch keywords for a kernel with a ``PDL`` constexpr that begins with ``if PDL: pdl_enter()``;
-    ``rows``: the launch's batch rows (PDL only up to ``PDL_MAX_ROWS``)."""
+    ``rows``: the launch's batch rows (PDL only up to ``PDL_MAX_ROWS``; every caller says, so that
+    no large launch gets PDL by default)."""
     if device.type != "cuda" or settings.pdl_disabled() or rows > PDL_MAX_ROWS:
         return {"PDL": False}
     if not _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()):
