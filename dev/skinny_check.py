@@ -151,14 +151,16 @@ def main() -> int:
         ok_all &= check_linear(1, 2100, 256, dtype, (True, True, True), device)  # enough blocks: no split-K
         ok_all &= check_linear(70, 77, 130, dtype, (True, False, True), device)  # two row blocks
         ok_all &= check_linear(3, 384, 384, dtype, (False, True, True), device, in_place=True)
-        ok_all &= check_rows_alone(40, 384, 1536, dtype, device)  # split K: three 16-row blocks
-        # several row blocks take the K chunks in groups: one group for all (70x384x1536), groups of
-        # 3 over 4 programs, of 4, 4 and 2 chunks, of 3, 3 and 2 chunks of 2 tiles (with the
-        # interpreter's 16 SMs; on a GPU the plans differ)
-        for m, n, k in ((70, 384, 1536), (40, 128, 1536), (70, 128, 1280), (40, 256, 2048)):
+        # several row blocks take the K chunks in groups (with the interpreter's 16 SMs; on a GPU the
+        # plans differ): chunks of one tile in groups of 4, 4 and 2 (float32: 7, 7, 6); of 2 tiles in
+        # groups of 5 and 4 over 2 programs; all in one group; groups of 2 over 5 programs
+        for m, n, k in ((70, 64, 1280), (40, 128, 2304), (40, 192, 2560), (40, 64, 1280)):
             ok_all &= check_rows_alone(m, n, k, dtype, device)
-        if on_gpu or dtype != torch.float32:  # no split K: one 64-row block (numpy's float32 product,
-            ok_all &= check_rows_alone(40, 2100, 256, dtype, device)  # the interpreter's, rounds by shape)
+        # blocks of 32 and 64 rows against the pieces' 16, and no split K (one 64-row block): numpy's
+        # float32 product, the interpreter's, rounds by shape, so float32 is checked on a GPU only
+        if on_gpu or dtype != torch.float32:
+            for m, n, k in ((40, 384, 1536), (70, 384, 1536), (40, 2100, 256)):
+                ok_all &= check_rows_alone(m, n, k, dtype, device)
         if on_gpu:  # large-v3's beam-step shapes, and its vocabulary projection (no split K)
             for m, n, k in ((80, 1280, 1280), (80, 1280, 5120), (150, 5120, 1280), (80, 3840, 1280),
                             (80, 51866, 1280), (150, 51866, 1280)):

@@ -16,6 +16,14 @@ def test_skinny_ops_in_interpreter():
     assert out.stdout.strip().splitlines()[-1] == "skinny ops == reference: True", out.stdout[-2000:]
 
 
+def test_skinny_kernel_compiles_as_meant_for_hopper():
+    """Compiled for sm_90 without a GPU: grouped K chunks never fold into the dot's accumulator (the
+    interpreter cannot see that rounding), and the K loop is pipelined."""
+    out = run_dev_check("skinny_compile_check.py", interpret=False, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "skinny kernel compiles as meant: True", out.stdout[-2000:]
+
+
 def test_import_without_triton():
     """The module imports (and reports unavailable) where Triton is missing."""
     code = ("import sys; sys.modules['triton'] = None; import ostinato.ops.skinny as s; "
@@ -63,9 +71,18 @@ def test_linear_plan_keeps_the_sum_and_groups_chunks_for_many_rows():
             assert (plan["programs_k"] - 1) * plan["group"] < plan["splits"] <= plan["programs_k"] * plan["group"]
             programs = plan["n_blocks"] * plan["m_blocks"] * plan["programs_k"]
             assert plan["m_blocks"] == 1 or programs <= 2 * 132 or plan["group"] == plan["splits"]
+            assert plan["stages"] == (4 if plan["group"] > 1 else 3)
     # large-v3 at 16 windows x 5 beams, by hand: 1280x1280 has 20 column blocks and 10 chunks of one
-    # tile; five 16-row blocks fit a wave (100 <= 264), and chunks in groups of 5 give 200 programs
+    # tile; five 16-row blocks x 20 column blocks fit one program an SM (100 <= 132), so each program
+    # takes all 10 chunks and no partial goes through the workspace
     assert linear_plan(80, 1280, 1280, 132) == dict(block_m=16, block_k=128, m_blocks=5, n_blocks=20, tiles=1,
-                                                     splits=10, group=5, programs_k=2)
-    # 5120x1280: 80 column blocks x five 16-row blocks would be 400 programs: 32-row blocks, one group
+                                                     splits=10, group=10, programs_k=1, stages=4)
+    # 3840x1280 (60 column blocks): 16 rows would be 300 pairs, 32 rows 180, 64 rows 120: one wave
+    assert linear_plan(80, 3840, 1280, 132)["block_m"] == 64
+    assert linear_plan(40, 3840, 1280, 132)["block_m"] == 32
+    # 5120x1280: no height fits one wave (80 column blocks x 2 row blocks of 64 is 160): 32 rows, one group
     assert linear_plan(80, 5120, 1280, 132)["block_m"] == 32 and linear_plan(80, 5120, 1280, 132)["programs_k"] == 1
+    # a single 64-row block keeps the one-row plan's chunk a program: 80 x 4 programs are no wave either
+    assert linear_plan(40, 5120, 1280, 132)["block_m"] == 16
+    # the vocabulary projection (no split K) keeps the old depth
+    assert linear_plan(80, 51866, 1280, 132)["stages"] == 3

@@ -38,7 +38,7 @@ PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in 
 BLOCK_N = 64  # weight rows per program
 TILE_BYTES = 16384  # BLOCK_N x BLOCK_K weight bytes per pipeline stage: K 128 in half, 64 in float32
 MAX_WORKSPACE_RATIO = 1.0  # partial-sum traffic (float32 write + read, mostly in L2) <= the weight bytes
-NUM_STAGES = 3  # software pipelining depth of the K loop (cp.async / TMA on sm80+)
+NUM_STAGES = 3  # software pipelining depth of the K loop (cp.async on sm80+), one chunk a program
 INTERPRETER_SMS = 16  # the CPU interpreter has no SMs; a count that still exercises split-K
 
 
@@ -48,22 +48,32 @@ def _sm_count(device: torch.device) -> int:
 
 ROW_BLOCK = 16  # rows per program: the smallest tl.dot side
 MAX_BLOCK_M = 128  # rows per program without split K
-GROUPED_PROGRAMS_PER_SM = 2  # several row blocks: K chunks go to programs in groups to keep one wave
+ROW_BLOCKS_WITH_SPLIT_K = (16, 32, 64)  # row block heights tried for many rows with split K
+GROUPED_PROGRAMS_PER_SM = 1  # several row blocks: K chunks go to programs in groups, one program an SM
+GROUPED_STAGES = 4  # pipelining depth then: one program an SM has the shared memory for a deeper one
 
 
 def block_rows(m: int, splits: int, n_blocks: int, n_sm: int) -> int:
     """Rows per program. Without split K (the vocabulary projection), rows past 16 go in blocks of up
     to 128: each weight tile is then read once for all of them (at 80 rows of large-v3: 77 us instead
-    of 227 on an H100). With split K, 16-row blocks while one per column block fits one wave of
-    programs (the K chunks then go to programs in groups), else 32: at 80 rows of large-v3,
-    1280x1280 8.2 us at 16 against 9.5 at 32, 5120x1280 11.4 at 32 against 17.2 at 16 (an H100,
-    weights from memory). A row's bits do not depend on the block's height (checked on an H100 in
-    half precision and float32: dev/skinny_check.py)."""
+    of 227 on an H100). With split K, the lowest block (16, 32 or 64 rows) whose launch is one program
+    an SM: a (column block, row block) pair each, K chunks in groups (with one row block: a program a
+    chunk). Lower blocks read each weight tile more often but have fewer rows to wait on; a launch of
+    several waves is slower than either (at 80 rows of large-v3 on an H100, 3840x1280: 8.6 us at 64
+    rows against 10.5 at 32; 1280x1280 6.6 us at 16 against 9.2 at 32). When none is one wave (5120
+    columns), 16-row blocks while they fit two programs an SM, else 32. A row's bits do not depend
+    on the block's height (checked on an H100 in half precision and float32: dev/skinny_check.py)."""
     if m <= ROW_BLOCK:
         return ROW_BLOCK
     if splits == 1:
         return min(MAX_BLOCK_M, 1 << (m - 1).bit_length())
-    return ROW_BLOCK if -(-m // ROW_BLOCK) * n_blocks <= GROUPED_PROGRAMS_PER_SM * n_sm else 2 * ROW_BLOCK
+    for rows in ROW_BLOCKS_WITH_SPLIT_K:
+        m_blocks = -(-m // rows)
+        if n_blocks * (m_blocks if m_blocks > 1 else splits) <= GROUPED_PROGRAMS_PER_SM * n_sm:
+            return rows
+        if m_blocks == 1:
+            break
+    return ROW_BLOCK if -(-m // ROW_BLOCK) * n_blocks <= 2 * n_sm else 2 * ROW_BLOCK
 
 
 def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
@@ -78,8 +88,8 @@ def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
 
     How the chunks go to programs depends on M: with several row blocks each program takes ``group``
     consecutive chunks (the first program adds its chunks' partials itself, the others store theirs),
-    so the launch stays near ``PROGRAMS_PER_SM`` per SM instead of growing with the rows; the sum's
-    order is unchanged."""
+    so the launch stays near ``GROUPED_PROGRAMS_PER_SM`` per SM instead of growing with the rows; the
+    sum's order is unchanged. ``stages`` is the pipelining depth: deeper for such grouped launches."""
     block_k = TILE_BYTES // (BLOCK_N * elem_bytes)
     n_blocks = -(-n // BLOCK_N)
     k_tiles = -(-k // block_k)
@@ -97,7 +107,8 @@ def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
         group = next(g for g in range(1, splits + 1) if n_blocks * m_blocks * -(-splits // g) <= budget
                      or g == splits)
     return dict(block_m=block_m, block_k=block_k, m_blocks=m_blocks, n_blocks=n_blocks, tiles=tiles,
-                splits=splits, group=group, programs_k=-(-splits // group))
+                splits=splits, group=group, programs_k=-(-splits // group),
+                stages=GROUPED_STAGES if group > 1 else NUM_STAGES)
 
 
 if HAVE_TRITON:
@@ -176,7 +187,10 @@ if HAVE_TRITON:
                 else:
                     acc += tl.dot(xt, tl.trans(wt))
                 end = i % TILES == TILES - 1
-                total += tl.where(end, acc, 0.0)
+                # A select, never the bare product: with one tile a chunk, "total + dot" would be folded
+                # into the dot's accumulator, a different rounding from adding the chunk's partial (rows
+                # past M add nothing, which no store sees, and the runtime mask keeps the select).
+                total += tl.where(end & row_ok[:, None], acc, 0.0)
                 if PROGRAMS_K > 1:  # past the first group, each chunk's partial goes to its own slot
                     chunk = first + i // TILES
                     slot = (chunk * M + rows).to(tl.int64)
@@ -325,7 +339,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x2, weight, b, r2, o2, ws, locks, m, n, k, x2.stride(0), weight.stride(0), r2.stride(0), o2.stride(0),
         TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"], PROGRAMS_K=plan["programs_k"],
         BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N, BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32,
-        num_warps=4, num_stages=NUM_STAGES, **flags,
+        num_warps=4, num_stages=plan["stages"], **flags,
         enable_fp_fusion=False,  # the epilogue's multiply-adds round alike in every program's layout
         **pdl_options(x.device, m))
     return o

@@ -1,0 +1,85 @@
+"""Compile the skinny linear kernel for an H100 (sm_90) without a GPU and check what the compiler made
+of it, where Triton's CPU interpreter cannot look:
+
+  * with K chunks in groups, no chunk's product is accumulated straight into the running chunk sum:
+    Triton folds ``sum + dot(a, b, 0)`` into ``dot(a, b, sum)`` when the product has no other use
+    (one tile a chunk, no workspace), and the tensor cores then round differently from adding the
+    chunk's partial, so a row's bits would depend on the other rows (150 rows of 1280x1280 did);
+  * the K loop is software-pipelined (asynchronous copies into shared memory) at the plan's depth.
+
+    PYTHONPATH=src python dev/skinny_compile_check.py
+
+Needs Triton (its bundled ptxas), not a GPU. Prints one line per plan and, last, the verdict.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ostinato.ops import skinny
+
+TARGET = GPUTarget("cuda", 90, 32)
+POINTERS = ["x_ptr", "w_ptr", "b_ptr", "r_ptr", "o_ptr"]
+# Arguments a real launch passes 16-divisible (Triton specialises on that; without it the loads are
+# scalar and nothing is pipelined), M excepted.
+DIVISIBLE = POINTERS + ["ws_ptr", "lock_ptr", "N", "K", "sxm", "swn", "srm", "som"]
+
+
+def compile_plan(plan: dict, dtype: str = "fp16", gelu: bool = False):
+    signature = {name: f"*{dtype}" for name in POINTERS}
+    signature.update(ws_ptr="*fp32", lock_ptr="*i32", M="i32", N="i32", K="i32", sxm="i32", swn="i32",
+                     srm="i32", som="i32")
+    constants = dict(TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"],
+                     PROGRAMS_K=plan["programs_k"], BLOCK_M=plan["block_m"], BLOCK_N=skinny.BLOCK_N,
+                     BLOCK_K=plan["block_k"], FP32=dtype == "fp32", HAS_BIAS=True, GELU=gelu, HAS_RES=True,
+                     PDL=False)
+    signature.update({name: "constexpr" for name in constants})
+    names = list(signature)
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in DIVISIBLE}
+    source = ASTSource(fn=skinny._linear_kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=TARGET, options=dict(num_warps=4, num_stages=plan["stages"],
+                                                               enable_fp_fusion=False))
+
+
+DOT = re.compile(r"(?:tt\.dot|ttng\.warp_group_dot) (%[\w.]+), (%[\w.]+), (%[\w.]+)")
+
+
+def check(m: int, n: int, k: int, dtype: str = "fp16") -> bool:
+    plan = skinny.linear_plan(m, n, k, 132, 4 if dtype == "fp32" else 2)
+    t0 = time.perf_counter()
+    ttgir = compile_plan(plan, dtype).asm["ttgir"]
+    accumulators = [acc for _, _, acc in DOT.findall(ttgir)]
+    # a loop-carried value (%argN) as the accumulator is the chunk loop's own chaining in the one-chunk
+    # loop; in the grouped loop a chunk starts from zero (a constant, or a select at its first tile)
+    folded = plan["group"] > 1 and any(acc.startswith("%arg") for acc in accumulators)
+    copies = ttgir.count("async_copy_global_to_local")
+    loop_trips = plan["group"] * plan["tiles"]  # a loop of one tile has nothing to overlap
+    ok = bool(accumulators) and not folded and (copies > 0 or loop_trips == 1)
+    print(f"{time.perf_counter() - t0:5.2f}s M={m:3d} N={n:5d} K={k:4d} {dtype} block_m={plan['block_m']} "
+          f"tiles={plan['tiles']} splits={plan['splits']} group={plan['group']} programs_k={plan['programs_k']} "
+          f"stages={plan['stages']}: dot accumulators {accumulators}, async copies {copies} "
+          f"{'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def main() -> int:
+    print(f"triton {triton.__version__}, target sm_{TARGET.arch}")
+    ok = True
+    # large-v3's decode shapes at 5, 40 and 80 rows (132 SMs): one chunk a program, grouped chunks
+    # with and without the workspace, one and several tiles a chunk, 16- to 64-row blocks
+    for m in (5, 40, 80):
+        for n, k in ((1280, 1280), (3840, 1280), (5120, 1280), (1280, 5120)):
+            ok &= check(m, n, k)
+    ok &= check(80, 1280, 1280, "fp32")
+    ok &= check(150, 1280, 1280, "bf16")
+    print(f"skinny kernel compiles as meant: {ok}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
