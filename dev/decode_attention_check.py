@@ -128,6 +128,7 @@ def cases(on_gpu):
         out.append((3, 2, 448, 128, dtype, "random", "bhsd"))
     out.append((1, 2, 1500, 64, torch.float32, None, "bshd"))
     out.append((3, 2, 448, 64, torch.float16, "int32", "bhsd"))
+    out.append((2, 2, 1500, 64, torch.float16, None, "bhsd"))  # beams of a window over several splits: the combine
     if on_gpu:  # Whisper sizes, cheap on a GPU
         for dtype in dtypes:
             for b, s in ((1, 448), (1, 1500), (16, 448), (16, 1500)):
