@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from ostinato.audio import vad
@@ -256,6 +257,22 @@ def test_model_windows_as_faster_whisper_builds_them():
     # whole windows still get one more, of zeros (faster-whisper pads by 512 - n % 512)
     assert vad.model_windows(np.ones(1024, dtype=np.float32)).shape == (3, 576)
 
+
+
+@pytest.mark.parametrize("n", [1099, 1024, 16000 * 3 + 449, 16000 * 3 + 511, 77])
+def test_device_windows_are_model_windows(n):
+    """The torch backend's windows, built from the samples as a strided view, are faster-whisper's."""
+    audio = np.random.RandomState(n).standard_normal(n).astype(np.float32)
+    got = vad.device_windows(audio)
+    assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(vad.model_windows(audio)))
+
+
+@needs_torch_vad
+def test_torch_backend_from_samples_equals_from_windows():
+    rng = np.random.RandomState(8)
+    audio = (rng.standard_normal(16000 * 4 + 300) * 0.1).astype(np.float32)
+    network = vad.load_vad("cpu", "torch")
+    assert np.array_equal(network.probabilities(audio), network(vad.model_windows(audio)))
 
 def test_collect_chunks():
     audio = np.arange(100_000, dtype=np.float32)
