@@ -212,7 +212,6 @@ def model_windows(samples: np.ndarray) -> np.ndarray:
     return np.concatenate([context, windows], axis=1)
 
 
-
 def device_windows(samples: np.ndarray, device="cpu"):
     """``model_windows(samples)`` as a torch tensor on ``device``, built there from the samples: a
     window with its context is 576 consecutive samples of the padded audio behind 64 zeros, so the
@@ -226,6 +225,7 @@ def device_windows(samples: np.ndarray, device="cpu"):
     padded[CONTEXT_SAMPLES : CONTEXT_SAMPLES + n] = samples.to(device)
     padded[-CONTEXT_SAMPLES:] = 0.0  # as faster-whisper zeroes the padded audio's last 64 samples
     return padded.unfold(0, CONTEXT_SAMPLES + WINDOW_SAMPLES, WINDOW_SAMPLES)
+
 
 class OnnxSilero:
     """The ONNX network through onnxruntime on the CPU, as faster-whisper runs it (its numbers)."""

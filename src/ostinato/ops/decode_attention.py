@@ -192,14 +192,13 @@ if HAVE_TRITON:
         out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
         tl.store(out_row + d, out.to(out_row.dtype.element_ty))
 
-
-
     @triton.jit
     def _combine_group(part_ptr, ml_ptr, out_base, so_g, first_slot, n_splits, G: tl.constexpr,
                        BLOCK_G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
-        """``_combine`` for the G query rows of one (b, h) at once, their partials in slots
-        first_slot + g * n_splits + split: one round of loads for all of them (row by row, the last
-        program of a (b, h) had waited on G rounds of loads from L2 one after another)."""
+        """``_combine`` for the G query rows of one (b, h) at once, their n_splits partials (all
+        live: the grouped kernel has no lengths) in slots first_slot + g * n_splits + split: one
+        round of loads for all of them (row by row, the last program of a (b, h) had waited on G
+        rounds of loads from L2 one after another)."""
         g = tl.arange(0, BLOCK_G)
         i = tl.arange(0, SPLITS)
         d = tl.arange(0, D)
@@ -214,6 +213,7 @@ if HAVE_TRITON:
         den = tl.where(g < G, tl.sum(w * l, axis=1), 1.0)  # padding rows: 0 / 0 otherwise (not stored)
         out = tl.sum(w[:, :, None] * acc, axis=1) / den[:, None]
         tl.store(out_base + g[:, None] * so_g + d[None, :], out.to(out_base.dtype.element_ty), mask=g[:, None] < G)
+
 
     @triton.jit(do_not_specialize=["S"])
     def _grouped_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr, S, chunk, qk_scale,
@@ -270,7 +270,7 @@ if HAVE_TRITON:
                 arrived = tl.atomic_add(lock_ptr + bh, 1, sem="acq_rel", scope="gpu")
                 if arrived == live - 1:
                     _combine_group(part_ptr, ml_ptr, out_ptr + b * so_b + h * so_h, so_g,
-                                   bh.to(tl.int64) * G * n_splits, live, G, BLOCK_G, D, SPLITS)
+                                   bh.to(tl.int64) * G * n_splits, n_splits, G, BLOCK_G, D, SPLITS)
                     tl.atomic_xchg(lock_ptr + bh, 0)
             else:
                 tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
