@@ -73,7 +73,7 @@ def block_rows(m: int, splits: int, n_blocks: int, n_sm: int) -> int:
             return rows
         if m_blocks == 1:
             break
-    return ROW_BLOCK if -(-m // ROW_BLOCK) * n_blocks <= 2 * n_sm else 2 * ROW_BLOCK
+    return ROW_BLOCK if -(-m // ROW_BLOCK) * n_blocks <= PROGRAMS_PER_SM * n_sm else 2 * ROW_BLOCK
 
 
 def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2) -> dict:
