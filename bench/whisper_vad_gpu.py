@@ -62,9 +62,21 @@ def profile(fn, top: int = 25) -> None:
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total = sum(e.self_device_time_total for e in events) / 1e6
-    print(f"\nprofile of one batched run: wall {wall:.2f} s (profiled), kernels {total:.2f} s")
+    print(f"\nprofile of one batched run: wall {wall:.2f} s (profiled), kernels {total:.2f} s, "
+          f"GPU busy {busy_seconds(prof):.2f} s (the rest waits on the host)")
     for e in events[:top]:
         print(f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:8d} x  {e.key[:110]}")
+
+
+def busy_seconds(prof) -> float:
+    """The union of the kernels' intervals: the time the GPU ran anything (overlaps counted once)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA")
+    busy, reach = 0.0, -math.inf
+    for start, end in spans:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy / 1e6
 
 
 def consume(model, audio, **options):

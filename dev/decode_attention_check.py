@@ -6,7 +6,8 @@
 Inputs are views of bigger cache buffers (two layouts), keys past each row's length hold NaN/inf,
 the output buffer starts as NaN (so every element must be written); without lengths, query rows in
 groups of 3 on one K/V row (beams) too: in float32 equal bit for bit to each row on its own copy, in half
-precision (the tensor-core kernel) a window the same bits alone as among the others. The interpreter runs a small
+precision (the tensor-core kernel) a window the same bits alone as among the others; and the tokens of
+one sequence on one K/V row (a prefill), and K/V rows named by ``kv_rows`` (the bits of k[kv_rows]). The interpreter runs a small
 set (bfloat16 only on a GPU: the interpreter computes through numpy, which has no bfloat16).
 Prints one line per case (the worst row's ||out - ref|| / ||ref||) and ends with ``decode attention == reference: True`` (exit 1 otherwise).
 SEED=n repeats a run.
@@ -113,6 +114,36 @@ def check_grouped(k, v, dtype, group=3):
     return err < TOLERANCE[dtype] and same, err
 
 
+def check_kv_rows(q, k, v, lengths, group=1):
+    """kv_rows (each group's K/V row read from the device): the bits of the same call on k[kv_rows],
+    v[kv_rows] (the rows reversed, one named twice when there are several)."""
+    b = k.shape[0]
+    rows = torch.arange(b - 1, -1, -1, device=k.device)
+    if b > 1:
+        rows[-1] = rows[0]
+    if group > 1:
+        q = torch.cat([q] * group).view(group, b, *q.shape[1:]).transpose(0, 1).reshape(b * group, *q.shape[1:])
+    if lengths is not None:  # each query row as long as the K/V row it reads (garbage lies past that)
+        lengths = lengths[rows]
+    got = da.decode_attention(q, k, v, lengths, group=group, kv_rows=rows)
+    want = da.decode_attention(q, k[rows], v[rows], lengths, group=group)
+    return torch.equal(got, want)
+
+
+def check_one_sequence(k, v, dtype):
+    """The tokens of one sequence as rows (a prompt's prefill): one K/V row seen by every token (a
+    stride-0 view), token t at lengths t + 1, against causal float64 attention."""
+    _, h, seq, dim = k.shape
+    tokens = min(seq, 7)
+    q = (torch.randn(tokens, h, dim, device=k.device) * 2).to(dtype)
+    lengths = torch.arange(1, tokens + 1, device=k.device)
+    shared_k, shared_v = k[:1].expand(tokens, -1, -1, -1), v[:1].expand(tokens, -1, -1, -1)
+    got = da.decode_attention(q, shared_k, shared_v, lengths)
+    ref = reference(q, shared_k, shared_v, lengths, dim ** -0.5)
+    err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+    return err < TOLERANCE[dtype], err
+
+
 def cases(on_gpu):
     """(B, H, S, D, dtype, lengths_kind, layout)."""
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
@@ -173,12 +204,13 @@ def main() -> int:
               and torch.equal(fresh, got))
         if lengths is not None:  # this step's key/value passed fresh: written into the cache and attended
             ok_new, err_new = check_new_kv(q, k, v, lengths, scale if lk == "random" else None, dtype)
-            ok &= ok_new
+            ok &= ok_new and check_kv_rows(q, k, v, lengths)
             err = max(err, err_new)
         else:  # rows in groups sharing one K/V row
             ok_group, err_group = check_grouped(k, v, dtype)
-            ok &= ok_group
-            err = max(err, err_group)
+            ok_seq, err_seq = check_one_sequence(k, v, dtype)
+            ok &= ok_group and ok_seq and check_kv_rows(q, k, v, None, group=3)
+            err = max(err, err_group, err_seq)
         ok_all &= ok
         splits, _ = da.split_plan(seq, b * h, da._sm_count(device))
         lens = "all" if lengths is None else lengths.tolist()

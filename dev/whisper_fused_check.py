@@ -7,7 +7,9 @@ small random Whisper (head size 64, the real English vocabulary) decodes the sam
 the fused operators and one-kernel logit rules forced on, and with plain PyTorch. float32, so the
 two may differ only by rounding: logits of each step within 1e-4 relative, and the same tokens for
 greedy decoding with timestamp rules (also its scores and no-speech probabilities, which the fused
-greedy step books itself) and with a repetition penalty, for beam search and for seeded sampling. On the CPU the
+greedy step books itself) and with a repetition penalty, for beam search and for seeded sampling, and for
+prompts with a head to prefill (earlier text; the prefill's logits and the keys it caches, on a cross K/V
+slot named on the device and as a view). On the CPU the
 fused path only runs under the interpreter; here it is forced on by replacing the switch that
 normally keeps it to half precision on CUDA. Prints ``fused decode == torch: True`` last.
 """
@@ -57,6 +59,9 @@ def decode_all(model, tok, device, fused: bool) -> dict:
         features = torch.randn(2, DIMS.n_audio_ctx, DIMS.n_audio_state, device=device)
         prompt = [tok.sot]
         requests = [WindowRequest(prompt, True, 50, 12), WindowRequest(prompt + [tok.timestamp_begin], True, 50, 10)]
+        # prompts with a head to prefill: earlier text (5 tokens), and <|startoftranscript|> alone (1)
+        previous = [tok.sot_prev, 400, 401, 402, 403, tok.sot]
+        headed = [WindowRequest(previous, True, 50, 10), WindowRequest([tok.sot, tok.no_timestamps], False, 50, 10)]
         suppress = list(tok.suppressed_tokens([-1]))
         begin = [tok.encode(" ")[0], tok.eot]
         out = {}
@@ -68,6 +73,11 @@ def decode_all(model, tok, device, fused: bool) -> dict:
                                                                  SearchOptions(repetition_penalty=1.5))]
             out["beam"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
                                                             SearchOptions(beam_size=3))]
+            prefilled = decoder.decode(features, headed, suppress, begin)
+            out["prefilled"] = [r.tokens for r in prefilled]
+            out["prefilled scores"] = torch.tensor([[r.sum_logprob, r.no_speech_prob] for r in prefilled])
+            out["prefilled beam"] = [r.tokens for r in decoder.decode(features, headed, suppress, begin,
+                                                                      SearchOptions(beam_size=3))]
             decoder.seed(7)
             out["sampling"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
                                                                 SearchOptions(temperature=0.7, num_hypotheses=2))]
@@ -80,9 +90,27 @@ def decode_all(model, tok, device, fused: bool) -> dict:
             positions = torch.tensor([[5], [17]], device=device)
             out["logits"] = model.decoder(tokens, positions, self_k, self_v, [k for k, _ in cross], [v for _, v in cross])
             out["self_k"] = torch.stack(self_k)
+            # A prompt head of one row: its logits at one position, and the keys it leaves in the cache,
+            # on the cross K/V of window 1 named on the device and as a view.
+            head = torch.tensor([[tok.sot_prev, 400, 401, tok.sot, 402]], device=device)
+            positions = torch.arange(head.shape[1], device=device)[None]
+            for name, rows in (("head", torch.tensor([1], device=device)), ("head view", None)):
+                head_k = [cache[0, i, :1].clone() for i in range(2)]
+                head_v = [cache[1, i, :1].clone() for i in range(2)]
+                ck = [k if rows is not None else k[1:] for k, _ in cross]
+                cv = [v if rows is not None else v[1:] for _, v in cross]
+                out[f"{name} logits"] = model.decoder(head, positions, head_k, head_v, ck, cv, cross_rows=rows,
+                                                      logits_at=3)
+                out[f"{name} self_k"] = torch.stack(head_k)
         return out
     finally:
         modules.fused_step_enabled = original
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float32 rounding: relative norm of the difference under 1e-5 (a second layer's keys
+    inherit the first layer's rounding, a few units of 1e-5 on single elements)."""
+    return ((a - b).norm() / b.norm()).item() < 1e-5
 
 
 def main() -> int:
@@ -96,19 +124,26 @@ def main() -> int:
     plain = decode_all(model, tok, device, fused=False)
     fused = decode_all(model, tok, device, fused=True)
     ok = True
-    for name in ("greedy", "penalized", "beam", "sampling"):
+    for name in ("greedy", "penalized", "beam", "sampling", "prefilled", "prefilled beam"):
         same = plain[name] == fused[name]
         lengths = [len(t) for t in plain[name]]
         print(f"{name:<9} tokens equal: {same}  lengths {lengths}")
         ok &= same and all(n > 0 for n in lengths)
-    scores = torch.allclose(fused["greedy scores"], plain["greedy scores"], rtol=1e-4, atol=1e-6)
-    print(f"greedy sum_logprob and no_speech_prob equal: {scores}  {plain['greedy scores'].tolist()}")
-    ok &= scores
+    for name in ("greedy scores", "prefilled scores"):
+        scores = torch.allclose(fused[name], plain[name], rtol=1e-4, atol=1e-6)
+        print(f"{name} (sum_logprob and no_speech_prob) equal: {scores}  {plain[name].tolist()}")
+        ok &= scores
     rel = ((fused["logits"] - plain["logits"]).norm() / plain["logits"].norm()).item()
     print(f"one step's logits: relative difference {rel:.2e}")
-    same_cache = torch.allclose(fused["self_k"], plain["self_k"], rtol=1e-5, atol=1e-5)
+    same_cache = close(fused["self_k"], plain["self_k"])
     print(f"cache written at the same positions: {same_cache}")
     ok &= rel < 1e-4 and same_cache
+    for name in ("head", "head view"):
+        rel = ((fused[f"{name} logits"] - plain[f"{name} logits"]).norm() / plain[f"{name} logits"].norm()).item()
+        same_cache = close(fused[f"{name} self_k"], plain[f"{name} self_k"])
+        shape = tuple(fused[f"{name} logits"].shape) == (1, 1, DIMS.n_vocab)
+        print(f"a prompt head ({name}): logits relative difference {rel:.2e}, shape {shape}, cache equal {same_cache}")
+        ok &= rel < 1e-4 and same_cache and shape
     print(f"fused decode == torch: {ok}")
     return 0 if ok else 1
 

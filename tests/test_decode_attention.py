@@ -1,6 +1,7 @@
 """The flash-decoding attention kernel in Triton's CPU interpreter (skipped where Triton is not
 installed): against a float64 reference with masked garbage keys, strided cache views, split and
-single-program paths, float32 and float16 (dev/decode_attention_check.py)."""
+single-program paths, float32 and float16, a prefill's tokens on one K/V row, K/V rows named on the
+device (dev/decode_attention_check.py)."""
 from dev_checks import run_dev_check
 
 

@@ -80,19 +80,20 @@ def split_plan(seq_len: int, heads_rows: int, n_sm: int, programs_per_sm: int = 
 if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["S"])
-    def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, nk_ptr, nv_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr,
+    def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, nk_ptr, nv_ptr, kvr_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr,
                       S, chunk, qk_scale,
                       sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, snk_b, snk_h, snv_b, snv_h, so_b, so_h,
                       H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
                       HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
-                      GROUP: tl.constexpr):
+                      GROUP: tl.constexpr, HAS_ROWS: tl.constexpr):
         """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
         Splits that start at or past the length (a short self-attention cache) return at once; of
         the others (SPLITS: the plan's count rounded up to a power of 2), each writes (acc, max, sum)
         and the last of the (b, h) to arrive combines them, or with one live split it writes the
         normalised output itself (the same bits: the combine would weigh it by exactly 1).
         With HAS_NEW the key/value at length - 1 come from nk/nv, and the chunk holding it stores them
-        into the cache (no other program reads that position, so no ordering is needed)."""
+        into the cache (no other program reads that position, so no ordering is needed). With
+        HAS_ROWS the K/V row is read from kvr (indexed by the row's group)."""
         if PDL:
             pdl_enter()
         bh = tl.program_id(0)
@@ -107,6 +108,8 @@ if HAVE_TRITON:
             b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
             h = (bh % H).to(tl.int64)
             kv_b = b
+        if HAS_ROWS:
+            kv_b = tl.load(kvr_ptr + kv_b).to(tl.int64)
         length = S
         if HAS_LEN:
             length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), S)
@@ -216,15 +219,17 @@ if HAVE_TRITON:
 
 
     @triton.jit(do_not_specialize=["S"])
-    def _grouped_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr, S, chunk, qk_scale,
+    def _grouped_kernel(q_ptr, k_ptr, v_ptr, kvr_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr, S, chunk, qk_scale,
                         sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_g,
                         H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
+                        HAS_ROWS: tl.constexpr):
         """Program (b*H + h, split): the G queries of K/V row b, head h, over keys [split*chunk,
         min((split+1)*chunk, S)), flash-attention style: scores and the weighted values are tensor-core
         products of the [BLOCK_G, D] queries with each [BLOCK_N, D] block (probabilities rounded to
         the input dtype for the second, as flash attention does), softmax online in float32. Partials
-        and the combine as in ``_split_kernel``, one arrival counter per (b, h) for its G rows."""
+        and the combine as in ``_split_kernel``, one arrival counter per (b, h) for its G rows. With
+        HAS_ROWS group b reads K/V row kvr[b]."""
         if PDL:
             pdl_enter()
         bh = tl.program_id(0)
@@ -238,8 +243,11 @@ if HAVE_TRITON:
         d = tl.arange(0, D)
         g_ok = g < G
         q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g_ok[:, None], other=0.0)
-        k_row = k_ptr + b * sk_b + h * sk_h
-        v_row = v_ptr + b * sv_b + h * sv_h
+        kv_b = b
+        if HAS_ROWS:
+            kv_b = tl.load(kvr_ptr + b).to(tl.int64)
+        k_row = k_ptr + kv_b * sk_b + h * sk_h
+        v_row = v_ptr + kv_b * sv_b + h * sv_h
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -281,7 +289,7 @@ if HAVE_TRITON:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None, *,
                      scale: float | None = None, out: torch.Tensor | None = None,
                      new_k: torch.Tensor | None = None, new_v: torch.Tensor | None = None,
-                     group: int = 1) -> torch.Tensor:
+                     group: int = 1, kv_rows: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v per (row, head) over each row's first ``lengths[b]`` keys.
 
     q [B, H, D]; k, v [B, H, S, D] with any strides but a contiguous last dimension (views of a
@@ -292,6 +300,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     group: query rows in consecutive groups of this size share one K/V row (k, v [B / group, H, S, D]),
     as a window's beams share its cross-attention keys; not with lengths or new_k/new_v. In half
     precision (q, k and v of one dtype) such groups run the tensor-core kernel (module docstring).
+    kv_rows: None, or an integer tensor [B / group] on q's device: group g reads K/V row kv_rows[g]
+    (k and v may then hold any number of rows), as a window admitted into a slot named by a graph's
+    input reads that slot's cross-attention keys; the bits are those of k[kv_rows], v[kv_rows].
     Returns [B, H, D] in q's dtype, written into ``out`` when given (e.g. a graph's static buffer).
     """
     bsz, heads, dim = q.shape
@@ -300,9 +311,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         raise ValueError(f"decode_attention: {bsz} query rows do not split into groups of {group}")
     if group > 1 and (lengths is not None or new_k is not None or new_v is not None):
         raise ValueError("decode_attention: group > 1 takes neither lengths nor new_k/new_v")
-    if k.shape != (bsz // group, heads, seq, dim) or v.shape != k.shape:
+    kv_count = k.shape[0] if kv_rows is not None else bsz // group
+    if k.shape != (kv_count, heads, seq, dim) or v.shape != k.shape:
         raise ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match"
                          + (f" (group {group})" if group > 1 else ""))
+    if kv_rows is not None and (kv_rows.shape != (bsz // group,) or kv_rows.dtype not in (torch.int32, torch.int64)
+                                or kv_rows.device != q.device):
+        raise ValueError(f"decode_attention: kv_rows must be an int32/int64 tensor [{bsz // group}] on {q.device}")
     if dim not in HEAD_DIMS:
         raise ValueError(f"decode_attention: head size {dim} is not supported (64 or 128)")
     if k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -327,18 +342,19 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         raise ValueError(f"decode_attention: out must be {tuple(q.shape)} with a contiguous last dimension")
     scale = dim ** -0.5 if scale is None else scale
     if group > 1 and q.dtype in GROUPED_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype:
-        return _grouped(q, k, v, out, scale, group)
+        return _grouped(q, k, v, out, scale, group, kv_rows)
     # Planned from the heads of one row, not the batch: a row's result is then the same bits at any
     # batch size (batched transcription must equal one audio at a time).
     splits, chunk = split_plan(seq, heads, _sm_count(q.device))
     part, ml, locks = _split_workspace(out, bsz * heads, splits, bsz * heads)
     _split_kernel[(bsz * heads, splits)](
-        q, k, v, lengths if lengths is not None else q, new_k, new_v, out, part, ml, locks, seq, chunk, scale * LOG2E,
+        q, k, v, lengths if lengths is not None else q, new_k, new_v, kv_rows if kv_rows is not None else q,
+        out, part, ml, locks, seq, chunk, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
-        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, GROUP=group, num_warps=NUM_WARPS,
-        **pdl_options(q.device, bsz))
+        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, GROUP=group, HAS_ROWS=kv_rows is not None,
+        num_warps=NUM_WARPS, **pdl_options(q.device, bsz))
     return out
 
 
@@ -354,19 +370,19 @@ def _split_workspace(out: torch.Tensor, query_heads: int, splits: int, counters:
 
 
 def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float,
-             group: int) -> torch.Tensor:
+             group: int, kv_rows: torch.Tensor | None) -> torch.Tensor:
     """group > 1 in half precision: query rows ``w * group + i`` seen as [K/V rows, H, group, D]."""
     bsz, heads, dim = q.shape
     seq = k.shape[2]
     splits, chunk = split_plan(seq, heads, _sm_count(q.device), GROUPED_PROGRAMS_PER_SM, GROUPED_MIN_CHUNK,
                                GROUPED_BLOCK_N)
-    kv_rows = bsz // group
-    part, ml, locks = _split_workspace(out, bsz * heads, splits, kv_rows * heads)
-    _grouped_kernel[(kv_rows * heads, splits)](
-        q, k, v, out, part, ml, locks, seq, chunk, scale * LOG2E,
+    groups = bsz // group
+    part, ml, locks = _split_workspace(out, bsz * heads, splits, groups * heads)
+    _grouped_kernel[(groups * heads, splits)](
+        q, k, v, kv_rows if kv_rows is not None else q, out, part, ml, locks, seq, chunk, scale * LOG2E,
         group * q.stride(0), q.stride(1), q.stride(0), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), group * out.stride(0), out.stride(1), out.stride(0),
         H=heads, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=GROUPED_BLOCK_N,
-        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=GROUPED_STAGES, num_warps=GROUPED_WARPS,
-        **pdl_options(q.device, bsz))
+        SPLITS=triton.next_power_of_2(splits), NUM_STAGES=GROUPED_STAGES, HAS_ROWS=kv_rows is not None,
+        num_warps=GROUPED_WARPS, **pdl_options(q.device, bsz))
     return out

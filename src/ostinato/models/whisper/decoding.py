@@ -91,23 +91,6 @@ class GreedyKey(NamedTuple):
     group: int = 1  # consecutive rows holding one window (its samples): its cross-attention K/V read once
 
 
-class _RowOfEachLayer:
-    """Layer i's row ``index`` of a [layers, rows, ...] buffer, taken when the decoder asks for it: a
-    view for an int; for a device tensor (a graph's input), a copy, so one layer's copy is alive at
-    a time."""
-
-    def __init__(self, buffer: Tensor, index):
-        self.buffer, self.index = buffer, index
-
-    def __len__(self) -> int:
-        return self.buffer.shape[0]
-
-    def __getitem__(self, layer: int) -> Tensor:
-        if isinstance(self.index, Tensor):
-            return self.buffer[layer].index_select(0, self.index)
-        return self.buffer[layer, self.index : self.index + 1]
-
-
 class WindowDecoder:
     def __init__(
         self,
@@ -494,12 +477,12 @@ class WindowDecoder:
         for w in range(len(jobs)):  # one window at a time: its values do not depend on the others
             self._cross_graph(CrossKey(), features=audio_features[w : w + 1], index=index[w : w + 1])
         for first, slot, req in zip(first_rows, slots, requests):
-            self._prefill(first, slot, req)
+            filled = self._prefill(first, slot, req)
             window = req.rng_seed if req.rng_seed is not None else 0
             keys = torch.tensor([row_seed(window, j) for j in range(per)], dtype=torch.int64)
             st["rng_key"][first : first + per].copy_(keys)
             if per > 1:
-                self.copy_row(first, range(first + 1, first + per))
+                self.copy_row(first, range(first + 1, first + per), filled)
 
     def read_rows(self, rows: Sequence[int]) -> Tuple[list, list, list, list]:
         """(n_generated, out_tokens, sum_logprob, no_speech) of ``rows``, as Python lists."""
@@ -512,7 +495,10 @@ class WindowDecoder:
             st["no_speech"].index_select(0, index).tolist(),
         )
 
-    def copy_row(self, source: int, targets: Sequence[int]) -> None:
+    def copy_row(self, source: int, targets: Sequence[int], filled: int) -> None:
+        """Copy row ``source``'s state into ``targets``, and the first ``filled`` positions of its
+        self-attention caches: the later ones are never read before a step writes them (the whole
+        row of large-v3's caches is 37 MB a copy; a prompt head is a few positions)."""
         st = self.state
         index = torch.tensor(list(targets), device=self.device)
         for name in self.ROW_BUFFERS:
@@ -520,7 +506,9 @@ class WindowDecoder:
             row = buf[source : source + 1].clone()  # a copy: source and targets share the buffer
             buf.index_copy_(0, index, row.expand(len(index), *buf.shape[1:]))
         for name in ("self_k", "self_v"):
-            buf = st[name]
+            if not filled:
+                break
+            buf = st[name][:, :, :, :filled]
             row = buf[:, source : source + 1].clone()
             buf.index_copy_(1, index, row.expand(-1, len(index), *buf.shape[2:]))
 
@@ -551,10 +539,14 @@ class WindowDecoder:
         layers, _, heads, _, head_dim = st["self_k"].shape
         scratch_k = st["self_k"].new_empty((layers, 1, heads, length, head_dim))
         scratch_v = torch.empty_like(scratch_k)
+        if isinstance(slot, Tensor):  # every slot's K/V, the slot read on the device
+            cross_k, cross_v, cross_rows = list(st["cross_k"]), list(st["cross_v"]), slot
+        else:
+            window = slice(slot, slot + 1)
+            cross_k, cross_v, cross_rows = list(st["cross_k"][:, window]), list(st["cross_v"][:, window]), None
         logits = self.model.decoder(
-            tokens, positions, list(scratch_k), list(scratch_v),
-            _RowOfEachLayer(st["cross_k"], slot), _RowOfEachLayer(st["cross_v"], slot),
-            filled=length, logits_at=key.logits_at,
+            tokens, positions, list(scratch_k), list(scratch_v), cross_k, cross_v,
+            filled=length, cross_rows=cross_rows, logits_at=key.logits_at,
         )[0]
         for name, scratch in (("self_k", scratch_k), ("self_v", scratch_v)):
             cache = st[name][:, :, :, :length]
@@ -564,9 +556,9 @@ class WindowDecoder:
                 cache[:, row : row + 1].copy_(scratch)
         return logits
 
-    def _prefill(self, row: int, slot: int, req: WindowRequest) -> None:
+    def _prefill(self, row: int, slot: int, req: WindowRequest) -> int:
         """Run the prompt's context into the row's KV cache (on the window's cross-attention ``slot``);
-        set the row's loop state.
+        set the row's loop state. Returns the cache positions written.
 
         As CTranslate2: the context is the prompt before the last token of the start-of-transcript
         sequence; decoding starts from that token, and the prompt's remaining tokens are forced.
@@ -609,6 +601,7 @@ class WindowDecoder:
             st["prefix_tokens"][row, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
         st["seen"][row] = False
         st["done"][row] = False
+        return len(head)
 
 
 class GreedyRun(SlotTable):

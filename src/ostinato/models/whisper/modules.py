@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...ops import decode_attention as attention_ops
-from ...ops import cpu_linear, skinny
+from ...ops import cpu_linear, skinny, slot_write
 from ...ops.attention import attention
 from ...ops.triton_support import kernels_can_run
 from .config import WhisperDims
@@ -164,10 +164,16 @@ class ResidualAttentionBlock(nn.Module):
 
     def decode_fused(
         self, x: Tensor, self_k: Tensor, self_v: Tensor, lengths: Tensor, cross_k: Tensor, cross_v: Tensor,
-        cross_group: int = 1,
+        cross_group: int = 1, cross_rows: Optional[Tensor] = None, one_sequence: bool = False,
     ) -> Tensor:
         """``decode`` for one token per row ([B, d]) through the fused operators; ``cross_group`` as in
-        ``attend`` (a window's beams read its cross K/V once)."""
+        ``attend`` (a window's beams read its cross K/V once); ``cross_rows``: the cross K/V row of
+        each group, read on the device (None: group g reads row g).
+
+        ``one_sequence``: the B rows are consecutive tokens of one sequence (a prompt's prefill), at
+        positions ``lengths - 1`` of the single cache row ``self_k``/``self_v`` [1, H, n_ctx, D]:
+        every token's key and value are written first, then each token attends to the keys up to
+        its own position."""
         b, d = x.shape
         attn, cross, heads = self.attn, self.cross_attn, self.attn.n_head
         h = skinny.add_layer_norm(x, None, self.attn_ln.weight, self.attn_ln.bias, self.attn_ln.eps)[1]
@@ -178,13 +184,22 @@ class ResidualAttentionBlock(nn.Module):
             q = skinny.linear(h, attn.query.weight, attn.query.bias)
             k = skinny.linear(h, attn.key.weight)
             v = skinny.linear(h, attn.value.weight, attn.value.bias)
-        # The kernel writes this step's key/value into the cache at lengths - 1 (the row's position).
-        a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths,
-                                           new_k=k.view(b, heads, -1), new_v=v.view(b, heads, -1))
+        if one_sequence:
+            positions = lengths - 1
+            self_k[0].index_copy_(1, positions, k.view(b, heads, -1).transpose(0, 1))
+            self_v[0].index_copy_(1, positions, v.view(b, heads, -1).transpose(0, 1))
+            shared = (b, *self_k.shape[1:])  # every token reads the one row (a stride-0 view, no copy)
+            a = attention_ops.decode_attention(q.view(b, heads, -1), self_k.expand(shared), self_v.expand(shared),
+                                               lengths)
+        else:
+            # The kernel writes this step's key/value into the cache at lengths - 1 (the row's position).
+            a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths,
+                                               new_k=k.view(b, heads, -1), new_v=v.view(b, heads, -1))
         x = skinny.linear(a.reshape(b, d), attn.out.weight, attn.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.cross_attn_ln.weight, self.cross_attn_ln.bias, self.cross_attn_ln.eps)[1]
         q = skinny.linear(h, cross.query.weight, cross.query.bias)
-        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k, cross_v, group=cross_group)
+        a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k, cross_v, group=cross_group,
+                                           kv_rows=cross_rows)
         x = skinny.linear(a.reshape(b, d), cross.out.weight, cross.out.bias, residual=x)
         h = skinny.add_layer_norm(x, None, self.mlp_ln.weight, self.mlp_ln.bias, self.mlp_ln.eps)[1]
         hidden = skinny.linear(h, self.mlp[0].weight, self.mlp[0].bias, gelu=True)
@@ -270,7 +285,14 @@ class TextDecoder(nn.Module):
         """Project one window's cross-attention K/V ([1, n_audio_ctx, d] features) and copy it into
         ``rows`` of the per-layer buffers [rows, H, n_audio_ctx, D], one layer at a time: the transient
         memory is one layer of one window, and a window's values do not depend on the other windows."""
+        head_dim = keys[0].shape[-1] if len(keys) else 0
+        one_slot = len(rows) == 1 and kernels_can_run(audio_features) and head_dim & (head_dim - 1) == 0
         for block, k_buf, v_buf in zip(self.blocks, keys, values):
+            if one_slot:  # straight from the projection's rows into the head-major slot (one kernel each)
+                cross = block.cross_attn
+                slot_write.write_slot(cross.key(audio_features), k_buf, rows)
+                slot_write.write_slot(cross.value(audio_features), v_buf, rows)
+                continue
             k, v = block.cross_attn.project_kv(audio_features)
             k_buf.index_copy_(0, rows, k.expand(len(rows), *k.shape[1:]))
             v_buf.index_copy_(0, rows, v.expand(len(rows), *v.shape[1:]))
@@ -286,6 +308,7 @@ class TextDecoder(nn.Module):
         *,
         filled: Optional[int] = None,
         cross_group: int = 1,
+        cross_rows: Optional[Tensor] = None,
         logits_at: Optional[int] = None,
     ) -> Tensor:
         """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab].
@@ -295,26 +318,38 @@ class TextDecoder(nn.Module):
         never leak into the result. ``filled``: a bound on every position (the keys past it are not
         read). ``cross_group``: rows in consecutive groups of this size share one row of the
         cross-attention caches (a window's beams: ``cross_k``/``cross_v`` are [B / group, H, S, D]),
-        read once per group. ``logits_at``: the
-        logits of that position only ([B, 1, n_vocab]).
+        read once per group. ``cross_rows``: an integer tensor [B / cross_group] on the device naming
+        the cross-attention row each group reads (a graph's input: one capture serves every slot);
+        None: group g reads row g. ``logits_at``: the logits of that position only ([B, 1, n_vocab]).
+
+        In half precision on CUDA, one token per row, or the tokens of one row (a prompt's prefill),
+        run through the fused operators.
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         b, t = tokens.shape
         head_dim = x.shape[-1] // self.n_head
-        if t == 1 and fused_step_enabled(x, head_dim):
-            lengths = positions[:, 0] + 1  # a query sees the keys up to its own position
-            x = x[:, 0]
+        if (t == 1 or b == 1) and fused_step_enabled(x, head_dim):
+            one_sequence = t > 1  # the tokens of one row: rows of the fused operators
+            lengths = (positions[0] if one_sequence else positions[:, 0]) + 1  # keys up to a query's own position
+            x = x[0] if one_sequence else x[:, 0]
+            group = t if one_sequence else cross_group
             for i, block in enumerate(self.blocks):
-                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], cross_group)
+                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], group, cross_rows,
+                                       one_sequence)
+            if one_sequence and logits_at is not None:
+                x = x[logits_at : logits_at + 1]
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
-            return skinny.linear(x, self.token_embedding.weight).float()[:, None]
+            logits = skinny.linear(x, self.token_embedding.weight).float()
+            return logits[None] if one_sequence else logits[:, None]
         write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
         keys = self.n_ctx if filled is None else min(int(filled), self.n_ctx)
         key_positions = torch.arange(keys, device=tokens.device)
         self_mask = (key_positions[None, None, None, :] <= positions[:, None, :, None])
         for i, block in enumerate(self.blocks):
-            x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, cross_k[i], cross_v[i],
-                             cross_group, keys)
+            ck, cv = cross_k[i], cross_v[i]
+            if cross_rows is not None:  # a copy of the rows read (one layer's at a time)
+                ck, cv = ck.index_select(0, cross_rows), cv.index_select(0, cross_rows)
+            x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, ck, cv, cross_group, keys)
         if logits_at is not None:
             x = x[:, logits_at : logits_at + 1]
         x = self.ln(x)
