@@ -53,25 +53,29 @@ def decode_all(model, tok, device, fused: bool) -> dict:
     if fused:
         modules.fused_step_enabled = lambda x, head_dim: True
     try:
-        decoder = WindowDecoder(model, tok, device, buckets=(1, 2), steps_per_replay=4, capacity=6)
+        decoder = WindowDecoder(model, tok, device, buckets=(1, 2, 4), steps_per_replay=4, capacity=9)
         decoder._fused_rules = fused
+        decoder._prefill_together = fused
         torch.manual_seed(1)
-        features = torch.randn(2, DIMS.n_audio_ctx, DIMS.n_audio_state, device=device)
+        features = torch.randn(3, DIMS.n_audio_ctx, DIMS.n_audio_state, device=device)
         prompt = [tok.sot]
         requests = [WindowRequest(prompt, True, 50, 12), WindowRequest(prompt + [tok.timestamp_begin], True, 50, 10)]
         # prompts with a head to prefill: earlier text (5 tokens), and <|startoftranscript|> alone (1)
+        # (the first two of one length: one prefill call when the operators compute each row alone)
         previous = [tok.sot_prev, 400, 401, 402, 403, tok.sot]
-        headed = [WindowRequest(previous, True, 50, 10), WindowRequest([tok.sot, tok.no_timestamps], False, 50, 10)]
+        other = [tok.sot_prev, 500, 501, 502, 503, tok.sot]
+        headed = [WindowRequest(previous, True, 50, 10), WindowRequest(other, True, 50, 10),
+                  WindowRequest([tok.sot, tok.no_timestamps], False, 50, 10)]
         suppress = list(tok.suppressed_tokens([-1]))
         begin = [tok.encode(" ")[0], tok.eot]
         out = {}
         with torch.inference_mode():
-            greedy = decoder.decode(features, requests, suppress, begin)
+            greedy = decoder.decode(features[:2], requests, suppress, begin)
             out["greedy"] = [r.tokens for r in greedy]
             out["greedy scores"] = torch.tensor([[r.sum_logprob, r.no_speech_prob] for r in greedy])
-            out["penalized"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
+            out["penalized"] = [r.tokens for r in decoder.decode(features[:2], requests, suppress, begin,
                                                                  SearchOptions(repetition_penalty=1.5))]
-            out["beam"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
+            out["beam"] = [r.tokens for r in decoder.decode(features[:2], requests, suppress, begin,
                                                             SearchOptions(beam_size=3))]
             prefilled = decoder.decode(features, headed, suppress, begin)
             out["prefilled"] = [r.tokens for r in prefilled]
@@ -79,24 +83,28 @@ def decode_all(model, tok, device, fused: bool) -> dict:
             out["prefilled beam"] = [r.tokens for r in decoder.decode(features, headed, suppress, begin,
                                                                       SearchOptions(beam_size=3))]
             decoder.seed(7)
-            out["sampling"] = [r.tokens for r in decoder.decode(features, requests, suppress, begin,
+            out["sampling"] = [r.tokens for r in decoder.decode(features[:2], requests, suppress, begin,
                                                                 SearchOptions(temperature=0.7, num_hypotheses=2))]
             # One step's logits through both paths, from the same cache state.
             cache = torch.randn(2, 2, 2, DIMS.n_text_head, DIMS.n_text_ctx, 64, device=device)
             self_k = [cache[0, i].clone() for i in range(2)]
             self_v = [cache[1, i].clone() for i in range(2)]
-            cross = model.decoder.cross_kv(features)
+            cross = model.decoder.cross_kv(features[:2])
             tokens = torch.tensor([[tok.sot], [400]], device=device)
             positions = torch.tensor([[5], [17]], device=device)
             out["logits"] = model.decoder(tokens, positions, self_k, self_v, [k for k, _ in cross], [v for _, v in cross])
             out["self_k"] = torch.stack(self_k)
             # A prompt head of one row: its logits at one position, and the keys it leaves in the cache,
             # on the cross K/V of window 1 named on the device and as a view.
-            head = torch.tensor([[tok.sot_prev, 400, 401, tok.sot, 402]], device=device)
-            positions = torch.arange(head.shape[1], device=device)[None]
-            for name, rows in (("head", torch.tensor([1], device=device)), ("head view", None)):
-                head_k = [cache[0, i, :1].clone() for i in range(2)]
-                head_v = [cache[1, i, :1].clone() for i in range(2)]
+            # Two heads at once, each on the other's window.
+            heads = torch.tensor([[tok.sot_prev, 400, 401, tok.sot, 402], [tok.sot_prev, 500, 501, tok.sot, 502]],
+                                 device=device)
+            for name, n, rows in (("head", 1, torch.tensor([1], device=device)), ("head view", 1, None),
+                                  ("two heads", 2, torch.tensor([1, 0], device=device))):
+                head = heads[:n]
+                positions = torch.arange(head.shape[1], device=device).repeat(n, 1)
+                head_k = [cache[0, i, :n].clone() for i in range(2)]
+                head_v = [cache[1, i, :n].clone() for i in range(2)]
                 ck = [k if rows is not None else k[1:] for k, _ in cross]
                 cv = [v if rows is not None else v[1:] for _, v in cross]
                 out[f"{name} logits"] = model.decoder(head, positions, head_k, head_v, ck, cv, cross_rows=rows,
@@ -138,10 +146,10 @@ def main() -> int:
     same_cache = close(fused["self_k"], plain["self_k"])
     print(f"cache written at the same positions: {same_cache}")
     ok &= rel < 1e-4 and same_cache
-    for name in ("head", "head view"):
+    for name, n in (("head", 1), ("head view", 1), ("two heads", 2)):
         rel = ((fused[f"{name} logits"] - plain[f"{name} logits"]).norm() / plain[f"{name} logits"].norm()).item()
         same_cache = close(fused[f"{name} self_k"], plain[f"{name} self_k"])
-        shape = tuple(fused[f"{name} logits"].shape) == (1, 1, DIMS.n_vocab)
+        shape = tuple(fused[f"{name} logits"].shape) == (n, 1, DIMS.n_vocab)
         print(f"a prompt head ({name}): logits relative difference {rel:.2e}, shape {shape}, cache equal {same_cache}")
         ok &= rel < 1e-4 and same_cache and shape
     print(f"fused decode == torch: {ok}")

@@ -162,3 +162,26 @@ def test_the_state_holds_the_rows_the_options_can_take(model, data_dir, options,
     paths = [str(data_dir / "clips" / "c01_hello_short.flac")] * 2
     model.transcribe_batch(paths, batch_size=2, **options)
     assert list(model._batch_decoders) == [(2, 2 * rows)]  # two windows' rows, no more
+
+
+@pytest.mark.parametrize("count, together, sizes", [
+    (16, True, [16]), (13, True, [8, 4, 1]), (6, True, [4, 2]), (5, False, [1, 1, 1, 1, 1]), (0, True, []),
+])
+def test_prefill_groups_are_powers_of_two_when_rows_are_independent(count, together, sizes):
+    assert decoding.prefill_groups(count, together) == sizes
+
+
+def test_the_cpu_prefills_one_window_per_call(model, data_dir, monkeypatch):
+    # plain PyTorch on the CPU may round a row of a batched product differently from the row alone,
+    # so windows admitted together still prefill one by one (each result is the one it gets alone)
+    calls = []
+    original = decoding.WindowDecoder._prefill_heads
+
+    def spy(self, heads, rows, slots, logits_at):
+        calls.append(len(heads))
+        return original(self, heads, rows, slots, logits_at)
+
+    monkeypatch.setattr(decoding.WindowDecoder, "_prefill_heads", spy)
+    clip = str(data_dir / "clips" / "c01_hello_short.flac")
+    model.transcribe_batch([clip, clip, clip], batch_size=3, beam_size=1, max_new_tokens=4, initial_prompt=" Hello there.")
+    assert calls and set(calls) == {1}

@@ -68,12 +68,13 @@ def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
         assert tokens_of(graph, audio, **long_prompt) == tokens_of(eager, audio, **long_prompt)
     decoder = graph.decoder
     assert decoder._cross_graph.captured_keys() == [CrossKey()]
-    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 0)]  # the long prompt's head: eager
+    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 1, 0)]  # the long prompt's head: eager
 
 
-def test_one_prefill_graph_serves_every_row_and_slot(data_dir):
+def test_prefill_graphs_serve_every_row_and_slot(data_dir):
     # every window of a batch has the prompt head [sot] (no previous text): rows and slots are the
-    # prefill graph's inputs, so one capture serves them all, with the eager model's tokens
+    # prefill graph's inputs, so one capture per number of windows admitted together (powers of
+    # two) serves them all, with the eager model's tokens
     path = str(data_dir / RANDOM_CKPT)
     eager = WhisperModel(path, device="cuda", compute_type="float16", use_graphs=False)
     graph = WhisperModel(path, device="cuda", compute_type="float16")
@@ -85,7 +86,8 @@ def test_one_prefill_graph_serves_every_row_and_slot(data_dir):
     tokens = lambda results: [[s.tokens for s in segments] for segments, _ in results]  # noqa: E731
     assert tokens(got) == tokens(want)
     (decoder,) = graph._batch_decoders.values()
-    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 0)]
+    keys = decoder._prefill_graph.captured_keys()
+    assert keys and all(k.tokens == 1 and k.logits_at == 0 and k.windows & (k.windows - 1) == 0 for k in keys), keys
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -42,7 +42,7 @@ from . import rules_kernel
 from .beam import BeamSearch
 from ...ops.triton_support import kernels_can_run
 from .logit_rules import VocabLayout, apply_logit_rules
-from .modules import Whisper
+from .modules import Whisper, fused_step_supported
 from .search import (  # noqa: F401 - re-exported: the decoder's request and result types
     MASK32,
     SearchOptions,
@@ -74,11 +74,22 @@ class CrossKey(NamedTuple):
 
 
 class PrefillKey(NamedTuple):
-    """The graph running a prompt head of ``tokens`` tokens; the row whose self-attention cache it
-    fills and the window slot whose cross-attention K/V it reads are inputs (one graph serves all)."""
+    """The graph running the prompt heads of ``windows`` windows, ``tokens`` tokens each; the rows
+    whose self-attention caches it fills and the window slots whose cross-attention K/V they read
+    are inputs (one graph serves all)."""
 
+    windows: int
     tokens: int
     logits_at: int  # the one position whose logits are made: the start of transcript's, when in the head
+
+
+def prefill_groups(count: int, together: bool) -> List[int]:
+    """How many windows each prefill call of ``count`` windows with heads of one length takes: one at
+    a time, or (``together``: operators whose rows do not depend on each other) the powers of two
+    that sum to ``count``, largest first, so admissions of any size replay at most a handful of graphs."""
+    if not together:
+        return [1] * count
+    return [1 << bit for bit in reversed(range(count.bit_length())) if count >> bit & 1]
 
 
 class GreedyKey(NamedTuple):
@@ -127,6 +138,10 @@ class WindowDecoder:
         # ops, so its results stay the same on every device.
         dtype = model.decoder.token_embedding.weight.dtype
         self._fused_rules = kernels_can_run(self.device, dtype)
+        # Prompt heads of the windows admitted together prefill in one call where the decoder's
+        # operators compute each row alone (the fused ones); elsewhere a batched matrix product
+        # may round a row differently from one alone, so each window keeps its own call.
+        self._prefill_together = fused_step_supported(self.device, dtype, dims.n_text_state // dims.n_text_head)
         # One q/k/v product per layer and step instead of three: each step reads the weights from memory
         # (a fused kernel on CUDA, one MKL call on the CPU); the parameters stay views, one copy.
         model.decoder.pack_self_attention()
@@ -476,8 +491,8 @@ class WindowDecoder:
         index = torch.tensor(list(slots), device=self.device)
         for w in range(len(jobs)):  # one window at a time: its values do not depend on the others
             self._cross_graph(CrossKey(), features=audio_features[w : w + 1], index=index[w : w + 1])
-        for first, slot, req in zip(first_rows, slots, requests):
-            filled = self._prefill(first, slot, req)
+        written = self._prefill(first_rows, slots, requests)
+        for first, req, filled in zip(first_rows, requests, written):
             window = req.rng_seed if req.rng_seed is not None else 0
             keys = torch.tensor([row_seed(window, j) for j in range(per)], dtype=torch.int64)
             st["rng_key"][first : first + per].copy_(keys)
@@ -526,82 +541,110 @@ class WindowDecoder:
             features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index
         )
 
-    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor, row, slot) -> Tensor:
-        """The decoder over a prompt head [1, L] into ``row``'s self-attention caches, on ``slot``'s
-        cross-attention K/V: the float32 logits [1, n_vocab] of position ``key.logits_at`` (the
-        vocabulary product of every position would cost more than the rest of a long prompt's prefill).
+    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor, rows, slots) -> Tensor:
+        """The decoder over prompt heads [W, L] into ``rows``' self-attention caches, each on its
+        ``slots`` entry's cross-attention K/V: the float32 logits [W, 1, n_vocab] of position
+        ``key.logits_at`` (the vocabulary product of every position would cost more than the rest of
+        a long prompt's prefill).
 
-        ``row`` and ``slot`` are ints, or one-element int64 tensors on the device (a graph's inputs:
-        one capture serves every row). The head's keys and values go to a scratch cache of L
-        positions, then into the row's: attention reads those L keys, not the whole context."""
+        ``rows`` and ``slots`` are ints (one window), or int64 tensors [W] on the device (a graph's
+        inputs: one capture serves every row). The heads' keys and values go to a scratch cache of L
+        positions, then into the rows': attention reads those L keys, not the whole context."""
         st = self.state
-        length = tokens.shape[1]
+        windows, length = tokens.shape
         layers, _, heads, _, head_dim = st["self_k"].shape
-        scratch_k = st["self_k"].new_empty((layers, 1, heads, length, head_dim))
+        scratch_k = st["self_k"].new_empty((layers, windows, heads, length, head_dim))
         scratch_v = torch.empty_like(scratch_k)
-        if isinstance(slot, Tensor):  # every slot's K/V, the slot read on the device
-            cross_k, cross_v, cross_rows = list(st["cross_k"]), list(st["cross_v"]), slot
+        if isinstance(slots, Tensor):  # every slot's K/V, the slots read on the device
+            cross_k, cross_v, cross_rows = list(st["cross_k"]), list(st["cross_v"]), slots
         else:
-            window = slice(slot, slot + 1)
+            window = slice(slots, slots + 1)
             cross_k, cross_v, cross_rows = list(st["cross_k"][:, window]), list(st["cross_v"][:, window]), None
         logits = self.model.decoder(
             tokens, positions, list(scratch_k), list(scratch_v), cross_k, cross_v,
             filled=length, cross_rows=cross_rows, logits_at=key.logits_at,
-        )[0]
+        )
         for name, scratch in (("self_k", scratch_k), ("self_v", scratch_v)):
             cache = st[name][:, :, :, :length]
-            if isinstance(row, Tensor):
-                cache.index_copy_(1, row, scratch)
+            if isinstance(rows, Tensor):
+                cache.index_copy_(1, rows, scratch)
             else:  # eager: a view of the row, no index tensor to build on the host and copy over
-                cache[:, row : row + 1].copy_(scratch)
+                cache[:, rows : rows + 1].copy_(scratch)
         return logits
 
-    def _prefill(self, row: int, slot: int, req: WindowRequest) -> int:
-        """Run the prompt's context into the row's KV cache (on the window's cross-attention ``slot``);
-        set the row's loop state. Returns the cache positions written.
+    def _prefill_heads(self, heads: List[List[int]], rows: List[int], slots: List[int], logits_at: int) -> Tensor:
+        """Prompt heads of one length into their rows' caches, in one call: float32 logits [W, n_vocab]
+        of position ``logits_at``."""
+        windows, length = len(heads), len(heads[0])
+        key = PrefillKey(windows, length, logits_at)
+        tokens = torch.tensor(heads, dtype=torch.long, device=self.device)
+        positions = torch.arange(length, device=self.device).repeat(windows, 1)
+        if length <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs:
+            where = torch.tensor(rows + slots, device=self.device)  # inputs: one capture serves every row
+            logits = self._prefill_graph(key, tokens=tokens, positions=positions, rows=where[:windows],
+                                         slots=where[windows:])
+        elif windows == 1:
+            logits = self._prefill_head(key, tokens, positions, rows[0], slots[0])
+        else:
+            where = torch.tensor(rows + slots, device=self.device)
+            logits = self._prefill_head(key, tokens, positions, where[:windows], where[windows:])
+        return logits[:, 0]
+
+    def _prefill(self, rows: Sequence[int], slots: Sequence[int], requests: Sequence[WindowRequest]) -> List[int]:
+        """Run each prompt's context into its row's KV cache (on its window's cross-attention slot);
+        set the rows' loop state. Returns the cache positions written in each row.
 
         As CTranslate2: the context is the prompt before the last token of the start-of-transcript
         sequence; decoding starts from that token, and the prompt's remaining tokens are forced.
+        Heads of one length (and start-of-transcript position) prefill together (``prefill_groups``).
         """
         st = self.state
-        prompt = list(req.prompt)
-        sot_index = prompt.index(self.tokenizer.sot)
-        length = prompt_length(prompt, self.tokenizer.sot, self.tokenizer.no_timestamps)
-        head, start, prefix = prompt[: length - 1], prompt[length - 1], prompt[length:]
-        if len(head) + max(req.max_new_tokens, len(prefix) + 1) > self.model.dims.n_text_ctx:
-            raise ValueError(
-                f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
-            )
-        if head:
-            key = PrefillKey(len(head), min(sot_index, len(head) - 1))
-            tokens = torch.tensor([head], dtype=torch.long, device=self.device)
-            positions = torch.arange(len(head), device=self.device)[None, :]
-            if len(head) <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs:
-                where = torch.tensor([row, slot], device=self.device)  # inputs: one capture serves every row
-                logits = self._prefill_graph(key, tokens=tokens, positions=positions, row=where[:1], slot=where[1:])
-            else:
-                logits = self._prefill_head(key, tokens, positions, row, slot)
-        no_speech_at_step = sot_index == length - 1
-        if not no_speech_at_step:
-            probs = torch.softmax(logits[0], dim=-1)  # the logits at sot_index
-            st["no_speech"][row] = probs[self.tokenizer.no_speech]
-        st["no_speech_at_step"][row] = no_speech_at_step
-        st["token"][row] = start
-        st["position"][row] = length - 1
-        st["n_generated"][row] = 0
-        st["max_new"][row] = req.max_new_tokens
-        st["timestamps"][row] = req.timestamps
-        st["max_initial_timestamp"][row] = req.max_initial_timestamp_index
-        st["last"][row] = -1
-        st["penultimate"][row] = -1
-        st["last_timestamp"][row] = -1
-        st["sum_logprob"][row] = 0.0
-        st["sample_begin"][row] = len(prefix)
-        if prefix:
-            st["prefix_tokens"][row, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
-        st["seen"][row] = False
-        st["done"][row] = False
-        return len(head)
+        tok = self.tokenizer
+        plans = []
+        for req in requests:
+            prompt = list(req.prompt)
+            sot_index = prompt.index(tok.sot)
+            length = prompt_length(prompt, tok.sot, tok.no_timestamps)
+            head, start, prefix = prompt[: length - 1], prompt[length - 1], prompt[length:]
+            if len(head) + max(req.max_new_tokens, len(prefix) + 1) > self.model.dims.n_text_ctx:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
+                )
+            plans.append((sot_index, length, head, start, prefix))
+        alike: Dict[Tuple[int, int], List[int]] = {}
+        for i, (sot_index, _, head, _, _) in enumerate(plans):
+            if head:
+                alike.setdefault((len(head), min(sot_index, len(head) - 1)), []).append(i)
+        no_speech: Dict[int, Tensor] = {}
+        for (_, logits_at), members in alike.items():
+            for size in prefill_groups(len(members), self._prefill_together):
+                group, members = members[:size], members[size:]
+                logits = self._prefill_heads([plans[i][2] for i in group], [rows[i] for i in group],
+                                             [slots[i] for i in group], logits_at)
+                for i, row_logits in zip(group, logits):  # read now: a graph's output is overwritten by its next replay
+                    no_speech[i] = torch.softmax(row_logits, dim=-1)[tok.no_speech]  # the logits at sot_index
+        for i, (row, req) in enumerate(zip(rows, requests)):
+            sot_index, length, head, start, prefix = plans[i]
+            no_speech_at_step = sot_index == length - 1
+            if not no_speech_at_step:
+                st["no_speech"][row] = no_speech[i]
+            st["no_speech_at_step"][row] = no_speech_at_step
+            st["token"][row] = start
+            st["position"][row] = length - 1
+            st["n_generated"][row] = 0
+            st["max_new"][row] = req.max_new_tokens
+            st["timestamps"][row] = req.timestamps
+            st["max_initial_timestamp"][row] = req.max_initial_timestamp_index
+            st["last"][row] = -1
+            st["penultimate"][row] = -1
+            st["last_timestamp"][row] = -1
+            st["sum_logprob"][row] = 0.0
+            st["sample_begin"][row] = len(prefix)
+            if prefix:
+                st["prefix_tokens"][row, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
+            st["seen"][row] = False
+            st["done"][row] = False
+        return [len(plan[2]) for plan in plans]
 
 
 class GreedyRun(SlotTable):

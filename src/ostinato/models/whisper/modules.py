@@ -164,16 +164,17 @@ class ResidualAttentionBlock(nn.Module):
 
     def decode_fused(
         self, x: Tensor, self_k: Tensor, self_v: Tensor, lengths: Tensor, cross_k: Tensor, cross_v: Tensor,
-        cross_group: int = 1, cross_rows: Optional[Tensor] = None, one_sequence: bool = False,
+        cross_group: int = 1, cross_rows: Optional[Tensor] = None, self_rows: Optional[Tensor] = None,
+        write_index: Optional[Tensor] = None,
     ) -> Tensor:
         """``decode`` for one token per row ([B, d]) through the fused operators; ``cross_group`` as in
         ``attend`` (a window's beams read its cross K/V once); ``cross_rows``: the cross K/V row of
         each group, read on the device (None: group g reads row g).
 
-        ``one_sequence``: the B rows are consecutive tokens of one sequence (a prompt's prefill), at
-        positions ``lengths - 1`` of the single cache row ``self_k``/``self_v`` [1, H, n_ctx, D]:
-        every token's key and value are written first, then each token attends to the keys up to
-        its own position."""
+        Several tokens of each cache row (a prompt's prefill): the rows of ``x`` are the tokens,
+        ``self_rows`` [B] the cache row each reads and ``write_index`` (as ``decode``'s) where their
+        keys and values go; all are written first, then each token attends to the keys up to its
+        own position (``lengths - 1``)."""
         b, d = x.shape
         attn, cross, heads = self.attn, self.cross_attn, self.attn.n_head
         h = skinny.add_layer_norm(x, None, self.attn_ln.weight, self.attn_ln.bias, self.attn_ln.eps)[1]
@@ -184,13 +185,11 @@ class ResidualAttentionBlock(nn.Module):
             q = skinny.linear(h, attn.query.weight, attn.query.bias)
             k = skinny.linear(h, attn.key.weight)
             v = skinny.linear(h, attn.value.weight, attn.value.bias)
-        if one_sequence:
-            positions = lengths - 1
-            self_k[0].index_copy_(1, positions, k.view(b, heads, -1).transpose(0, 1))
-            self_v[0].index_copy_(1, positions, v.view(b, heads, -1).transpose(0, 1))
-            shared = (b, *self_k.shape[1:])  # every token reads the one row (a stride-0 view, no copy)
-            a = attention_ops.decode_attention(q.view(b, heads, -1), self_k.expand(shared), self_v.expand(shared),
-                                               lengths)
+        if write_index is not None:
+            rows, _, tokens, _ = write_index.shape
+            self_k.scatter_(2, write_index, k.view(rows, tokens, heads, -1).transpose(1, 2))
+            self_v.scatter_(2, write_index, v.view(rows, tokens, heads, -1).transpose(1, 2))
+            a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths, kv_rows=self_rows)
         else:
             # The kernel writes this step's key/value into the cache at lengths - 1 (the row's position).
             a = attention_ops.decode_attention(q.view(b, heads, -1), self_k, self_v, lengths,
@@ -322,25 +321,27 @@ class TextDecoder(nn.Module):
         the cross-attention row each group reads (a graph's input: one capture serves every slot);
         None: group g reads row g. ``logits_at``: the logits of that position only ([B, 1, n_vocab]).
 
-        In half precision on CUDA, one token per row, or the tokens of one row (a prompt's prefill),
-        run through the fused operators.
+        In half precision on CUDA the fused operators run it (several tokens per row, a prompt's
+        prefill, as rows of their own); a row's result then does not depend on the other rows.
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         b, t = tokens.shape
         head_dim = x.shape[-1] // self.n_head
-        if (t == 1 or b == 1) and fused_step_enabled(x, head_dim):
-            one_sequence = t > 1  # the tokens of one row: rows of the fused operators
-            lengths = (positions[0] if one_sequence else positions[:, 0]) + 1  # keys up to a query's own position
-            x = x[0] if one_sequence else x[:, 0]
-            group = t if one_sequence else cross_group
+        if fused_step_enabled(x, head_dim):
+            lengths = positions.reshape(-1) + 1  # a query sees the keys up to its own position
+            self_rows = write_index = None
+            if t > 1:  # every token a row of the fused operators, reading its row's cache
+                self_rows = torch.arange(b, device=x.device).repeat_interleave(t)
+                write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
+            x = x.reshape(b * t, -1)
             for i, block in enumerate(self.blocks):
-                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], group, cross_rows,
-                                       one_sequence)
-            if one_sequence and logits_at is not None:
-                x = x[logits_at : logits_at + 1]
+                x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], cross_group * t,
+                                       cross_rows, self_rows, write_index)
+            if logits_at is not None and t > 1:
+                x = x.view(b, t, -1)[:, logits_at].contiguous()
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
             logits = skinny.linear(x, self.token_embedding.weight).float()
-            return logits[None] if one_sequence else logits[:, None]
+            return logits.view(b, -1, logits.shape[-1])
         write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
         keys = self.n_ctx if filled is None else min(int(filled), self.n_ctx)
         key_positions = torch.arange(keys, device=tokens.device)
