@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import triton.testing
 
 from ostinato.ops import skinny
+from ostinato.testing.measure import replay_median_us
 
 D = 1280
 # (name, N, K, bias, gelu, residual)
@@ -34,29 +35,6 @@ SHAPES = [("qkv", 3 * D, D, True, False, False), ("attn out", D, D, True, False,
 
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3  # microseconds
-
-
-def replay_median_us(warm, body, reps: int) -> float:
-    """Median microseconds of one replay of a graph captured from ``body()``; ``warm()`` runs first,
-    outside the capture (compiles, first-call work)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        warm()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    del graph
-    return sorted(times)[len(times) // 2]
 
 
 def graph_time(fn, weights: list[torch.Tensor], reps: int = 10) -> float:

@@ -12,6 +12,7 @@ import sys
 import torch
 
 from ostinato.ops import slot_write
+from ostinato.testing.measure import replay_median_us
 from decode_attention_check import check_setup
 
 
@@ -36,21 +37,11 @@ def timing() -> None:
     slot = torch.tensor([7], device="cuda")
 
     def per_call_us(write, calls=64):
-        for i in range(3):
-            write(buffers[i % 4])
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        def body():
             for i in range(calls):
                 write(buffers[i % 4])  # rotated past L2
-        times = []
-        for _ in range(9):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / calls)
-        return sorted(times)[4]
+
+        return replay_median_us(lambda: write(buffers[0]), body, reps=9) / calls
 
     old = per_call_us(lambda buf: buf.index_copy_(0, slot, src.view(1, seq, heads, dim).transpose(1, 2)))
     new = per_call_us(lambda buf: slot_write.write_slot(src, buf, slot))

@@ -1,6 +1,6 @@
 """The machine's rates, measured in the same run as a benchmark: what "% of the copy bandwidth" and "%
 of the matmul rate" are shares of, the arithmetic that turns a model into FLOPs, and the benchmarks'
-median wall time."""
+median wall time (and a captured graph's median replay time)."""
 from __future__ import annotations
 
 import statistics
@@ -26,6 +26,29 @@ def median_seconds(fn, repeats: int, device) -> tuple:
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times), result
+
+
+def replay_median_us(warm, body, reps: int) -> float:
+    """Median microseconds of one replay of a graph captured from ``body()``; ``warm()`` runs first,
+    outside the capture (compiles, first-call work)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        warm()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
+    return sorted(times)[len(times) // 2]
 
 
 def copy_bandwidth_gbs(device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
