@@ -92,6 +92,17 @@ def prefill_groups(count: int, together: bool) -> List[int]:
     return [1 << bit for bit in reversed(range(count.bit_length())) if count >> bit & 1]
 
 
+class _PromptPlan(NamedTuple):
+    """A window's prompt as CTranslate2 splits it: the head run into the cache, the token decoding
+    starts from, and the forced prefix after it."""
+
+    sot_index: int
+    length: int  # tokens up to the end of the start-of-transcript sequence
+    head: List[int]
+    start: int
+    prefix: List[int]
+
+
 class GreedyKey(NamedTuple):
     """A greedy or sampling step graph: one per distinct value."""
 
@@ -520,9 +531,9 @@ class WindowDecoder:
             buf = st[name]
             row = buf[source : source + 1].clone()  # a copy: source and targets share the buffer
             buf.index_copy_(0, index, row.expand(len(index), *buf.shape[1:]))
+        if not filled:
+            return
         for name in ("self_k", "self_v"):
-            if not filled:
-                break
             buf = st[name][:, :, :, :filled]
             row = buf[:, source : source + 1].clone()
             buf.index_copy_(1, index, row.expand(-1, len(index), *buf.shape[2:]))
@@ -579,15 +590,13 @@ class WindowDecoder:
         key = PrefillKey(windows, length, logits_at)
         tokens = torch.tensor(heads, dtype=torch.long, device=self.device)
         positions = torch.arange(length, device=self.device).repeat(windows, 1)
-        if length <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs:
-            where = torch.tensor(rows + slots, device=self.device)  # inputs: one capture serves every row
-            logits = self._prefill_graph(key, tokens=tokens, positions=positions, rows=where[:windows],
-                                         slots=where[windows:])
-        elif windows == 1:
+        graphed = length <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs
+        if windows == 1 and not graphed:  # eager: views of the row and slot, no index tensor to upload
             logits = self._prefill_head(key, tokens, positions, rows[0], slots[0])
         else:
-            where = torch.tensor(rows + slots, device=self.device)
-            logits = self._prefill_head(key, tokens, positions, where[:windows], where[windows:])
+            where = torch.tensor(rows + slots, device=self.device)  # inputs: one capture serves every row
+            run = self._prefill_graph if graphed else self._prefill_head
+            logits = run(key, tokens=tokens, positions=positions, rows=where[:windows], slots=where[windows:])
         return logits[:, 0]
 
     def _prefill(self, rows: Sequence[int], slots: Sequence[int], requests: Sequence[WindowRequest]) -> List[int]:
@@ -610,16 +619,16 @@ class WindowDecoder:
                 raise ValueError(
                     f"prompt of {len(prompt)} tokens and {req.max_new_tokens} steps do not fit the text context"
                 )
-            plans.append((sot_index, length, head, start, prefix))
+            plans.append(_PromptPlan(sot_index, length, head, start, prefix))
         alike: Dict[Tuple[int, int], List[int]] = {}
-        for i, (sot_index, _, head, _, _) in enumerate(plans):
-            if head:
-                alike.setdefault((len(head), min(sot_index, len(head) - 1)), []).append(i)
+        for i, plan in enumerate(plans):
+            if plan.head:
+                alike.setdefault((len(plan.head), min(plan.sot_index, len(plan.head) - 1)), []).append(i)
         no_speech: Dict[int, Tensor] = {}
         for (_, logits_at), members in alike.items():
             for size in prefill_groups(len(members), self._prefill_together):
                 group, members = members[:size], members[size:]
-                logits = self._prefill_heads([plans[i][2] for i in group], [rows[i] for i in group],
+                logits = self._prefill_heads([plans[i].head for i in group], [rows[i] for i in group],
                                              [slots[i] for i in group], logits_at)
                 for i, row_logits in zip(group, logits):  # read now: a graph's output is overwritten by its next replay
                     no_speech[i] = torch.softmax(row_logits, dim=-1)[tok.no_speech]  # the logits at sot_index
@@ -644,7 +653,7 @@ class WindowDecoder:
                 st["prefix_tokens"][row, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
             st["seen"][row] = False
             st["done"][row] = False
-        return [len(plan[2]) for plan in plans]
+        return [len(plan.head) for plan in plans]
 
 
 class GreedyRun(SlotTable):
