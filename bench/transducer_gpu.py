@@ -170,7 +170,7 @@ def main() -> None:
         print(f"{batch:>5} {audio:>8.0f} {tokens:>7} | {t_graph * 1e3:>10.1f} ms {t_kstep * 1e3:>6.1f} ms "
               f"{t_eager * 1e3:>5.0f} ms "
               f"{t_plain * 1e3:>6.0f} ms{mark} {t_plain / t_graph:>7.1f}x | {audio / t_e2e:>23.0f} {plain_e2e:>8.0f} | "
-              f"{t_feat * 1e3:>5.0f} ms | {t_enc * 1e3:>5.0f} ms {flops / t_enc / 1e12:>8.1f} {flops / t_enc / rate:>6.0%}")
+              f"{t_feat * 1e3:>5.0f} ms | {t_enc * 1e3:>5.0f} ms {flops / t_enc / 1e12:>8.1f} {flops / t_enc / rate:>6.1%}")
     print("\n* plain-loop time measured on the first --plain-limit utterances and scaled to the batch")
     print(f"memory: {graph.memory_report()}")
 

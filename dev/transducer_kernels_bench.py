@@ -10,6 +10,7 @@ import torch
 import triton.testing
 
 from ostinato.models.transducer import kernels
+from ostinato.models.transducer.encoder import pack_rows
 
 
 def bench(fn):
@@ -49,42 +50,38 @@ def rel(a, b):
 def main():
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
-    # relative-position bias: the largest group of the batch-128 run
+    # relative-position attention: a group of the batch-128 run, packed rows of 600-750 frames
     b, t, h, dk = 39, 750, 8, 128
-    qkv = torch.randn(b, t, 3 * h * dk, device=dev, dtype=dt)
-    q = qkv[..., : h * dk].view(b, t, h, dk)
-    p = torch.randn(2 * t - 1, h * dk, device=dev, dtype=dt)
+    d = h * dk
+    lengths = torch.randint(600, t + 1, (b,), device=dev)
+    lengths[0] = t
+    rows = pack_rows(lengths, int(lengths.sum()), t)
+    qkv = torch.randn(rows.frames, 3 * d, device=dev, dtype=dt)
+    width = -(-(2 * t + 7) // 8) * 8
+    pr = torch.nn.functional.pad(torch.randn(2 * t - 1, d, device=dev, dtype=dt), (0, 0, width - (2 * t - 1), 8))
     u = torch.randn(h, dk, device=dev, dtype=dt)
     v = torch.randn(h, dk, device=dev, dtype=dt)
-    kb = torch.zeros(b, t, device=dev, dtype=dt)
-    kb[:, 700:] = -10000.0
-    pick("relpos", [dict(BM=bm, BN=bm, num_warps=w, num_stages=st) for bm, w, st in
-                    ((64, 4, 1), (64, 4, 2), (64, 8, 1), (32, 4, 1), (128, 8, 1))],
-         lambda: kernels.relpos_bias(q, p, u, v, kb, 0.0884), rel)
-
-    def bias_then_sdpa():
-        q_u, bias = kernels.relpos_bias(q, p, u, v, kb, 0.0884)
-        k = qkv[..., h * dk:2 * h * dk].view(b, t, h, dk).transpose(1, 2)
-        vv = qkv[..., 2 * h * dk:].view(b, t, h, dk).transpose(1, 2)
-        return torch.nn.functional.scaled_dot_product_attention(q_u.transpose(1, 2), k, vv, attn_mask=bias)
-
-    print(f"attention core, relpos bias + SDPA: {bench(bias_then_sdpa):.1f} us")
+    print(f"position term (one cuBLAS product): {bench(lambda: kernels.position_term(qkv, v, pr, t, 0.0884)):.1f} us")
+    pos = kernels.position_term(qkv, v, pr, t, 0.0884)
+    pick("relpos", [dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in
+                    ((128, 64, 8, 3), (64, 32, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3))],
+         lambda: kernels.relpos_attention(qkv, u, pos, rows.starts, rows.lengths, t, 0.0884), rel)
     # subsampling's first two convolutions, one minute per row
     feats = torch.randn(b, 6000, 128, device=dev, dtype=dt)
     conv0 = torch.nn.Conv2d(1, 256, 3, 2, 1).to(dev, dt)
     dw = torch.nn.Conv2d(256, 256, 3, 2, 1, groups=256).to(dev, dt)
     flen = torch.full((b,), 5900, device=dev, dtype=torch.int64)
-    sub = [dict(BP=32, BC=64, num_warps=4), dict(BP=32, BC=32, num_warps=4), dict(BP=64, BC=32, num_warps=4),
-           dict(BP=64, BC=64, num_warps=4), dict(BP=16, BC=64, num_warps=4)]
-    pick("subsample", sub, lambda: kernels.subsample_first(feats, flen, conv0, dw, dt), rel)
-    # conv module middle
-    x = torch.randn(b, t, 2048, device=dev, dtype=dt)
+    sub = [dict(BP=64, BC=128, num_warps=4), dict(BP=64, BC=64, num_warps=4), dict(BP=128, BC=64, num_warps=4),
+           dict(BP=32, BC=128, num_warps=4)]
+    pick("subsample_first", sub, lambda: kernels.subsample_first(feats, flen, conv0, dw, dt), rel)
+    # conv module middle: the GLU taken in the kernel (glu_dwconv) or before it (dwconv)
     w = torch.randn(1024, 1, 9, device=dev, dtype=dt)
     bias = torch.randn(1024, device=dev, dtype=dt)
-    lengths = torch.full((b,), 700, device=dev, dtype=torch.int64)
-    pick("glu_dwconv", [dict(BT=32, BC=64, num_warps=4), dict(BT=64, BC=64, num_warps=4), dict(BT=16, BC=128, num_warps=4),
-                        dict(BT=32, BC=128, num_warps=4), dict(BT=64, BC=128, num_warps=8), dict(BT=128, BC=32, num_warps=4)],
-         lambda: kernels.glu_dwconv_silu(x, w, bias, lengths), rel)
+    variants = [dict(BT=32, BC=64, num_warps=4), dict(BT=16, BC=128, num_warps=4), dict(BT=64, BC=64, num_warps=4),
+                dict(BT=32, BC=128, num_warps=4), dict(BT=8, BC=256, num_warps=4)]
+    for name, width_in, glu in (("glu_dwconv", 2048, True), ("dwconv", 1024, False)):
+        x = torch.randn(rows.frames, width_in, device=dev, dtype=dt)
+        pick(name, variants, lambda: kernels.glu_dwconv_silu(x, w, bias, rows.starts, rows.lengths, t, glu=glu), rel)
     # decode kernels at batch 1 and 128
     H, J, n_out, frames = 640, 640, 1030, 800
     W = torch.randn(4 * H, 2 * H, device=dev, dtype=dt) * 0.03

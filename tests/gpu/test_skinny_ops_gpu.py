@@ -104,6 +104,13 @@ def test_add_layer_norm_matches(m, dtype):
     new_x, y3 = skinny.add_layer_norm(x, u, w, b, out_residual=x, alpha=0.5)
     assert new_x is x and torch.equal(x, half_ref)
     assert rel_err(y3, F.layer_norm(half_ref.double(), (D,), w.double(), b.double(), 1e-5)) < TOLERANCE[dtype]
+    # and the next layer's first norm of the stored output, in the same launch: the same bits as a
+    # separate launch of the kernel on that output
+    w2, b2 = (w.float() * 0.5 + 0.3).to(dtype), (b.float() - 0.1).to(dtype)
+    before = x.clone()
+    new_x, y4, z = skinny.add_layer_norm(x, u, w, b, out_residual=x, alpha=0.5, then=(w2, b2, 1e-6))
+    assert torch.equal(x, before.add_(u, alpha=0.5)) and torch.equal(y4, skinny.add_layer_norm(x, None, w, b)[1])
+    assert torch.equal(z, skinny.add_layer_norm(y4, None, w2, b2, 1e-6)[1])
 
 
 def test_first_calls_do_not_sync():

@@ -219,11 +219,25 @@ if HAVE_TRITON:
                       HAS_BIAS, GELU, HAS_RES)
 
     @triton.jit
+    def _norm_row(v, ok, N, eps, w_ptr, b_ptr, cols, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+        mean = tl.sum(v, axis=0) / N
+        d = tl.where(ok, v - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / N + eps)  # two-pass variance: no cancellation
+        y = d * rstd
+        if HAS_W:
+            y *= tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        return y
+
+    @triton.jit
     def _add_layer_norm_kernel(x_ptr, u_ptr, w_ptr, b_ptr, nx_ptr, y_ptr, N, eps, alpha, sxm, sum_, snm, sym,
+                               w2_ptr, b2_ptr, z_ptr, eps2, szm,
                                BLOCK: tl.constexpr, HAS_U: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                               PDL: tl.constexpr):
+                               HAS_Z: tl.constexpr, PDL: tl.constexpr):
         """Row r: new_x = x + alpha * u rounded to the dtype (what the unfused ``x.add_(u, alpha=alpha)``
-        stores, and what the next layer adds to), then LayerNorm of that rounded row in float32."""
+        stores, and what the next layer adds to), then LayerNorm of that rounded row in float32; with
+        HAS_Z also a second LayerNorm (w2, b2, eps2) of the first one's rounded output, into z."""
         if PDL:
             pdl_enter()
         row = tl.program_id(0).to(tl.int64)
@@ -236,16 +250,11 @@ if HAVE_TRITON:
             u = tl.load(u_ptr + row * sum_ + cols, mask=ok, other=0.0)
             x = (x.to(tl.float32) + alpha * u.to(tl.float32)).to(nx_ptr.dtype.element_ty)
             tl.store(nx_ptr + row * snm + cols, x, mask=ok)
-        v = x.to(tl.float32)
-        mean = tl.sum(v, axis=0) / N
-        d = tl.where(ok, v - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / N + eps)  # two-pass variance: no cancellation
-        y = d * rstd
-        if HAS_W:
-            y *= tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        if HAS_B:
-            y += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * sym + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+        y = _norm_row(x.to(tl.float32), ok, N, eps, w_ptr, b_ptr, cols, HAS_W, HAS_B).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + row * sym + cols, y, mask=ok)
+        if HAS_Z:
+            z = _norm_row(y.to(tl.float32), ok, N, eps2, w2_ptr, b2_ptr, cols, HAS_W, HAS_B)
+            tl.store(z_ptr + row * szm + cols, z.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 def _rows(t: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
@@ -266,14 +275,16 @@ def _rows(t: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
 
 def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight: torch.Tensor | None,
                    bias: torch.Tensor | None, eps: float = 1e-5, *, out_residual: torch.Tensor | None = None,
-                   out: torch.Tensor | None = None, alpha: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                   out: torch.Tensor | None = None, alpha: float = 1.0, then: tuple | None = None):
     """(new_x, LayerNorm(new_x)) with new_x = x + alpha * residual_update, in one launch.
 
     x, residual_update [..., N] (any row strides, contiguous last dimension), same dtype; weight and
     bias [N] (any float dtype) or None. new_x is rounded to x's dtype exactly as ``x + residual_update``
     is, and the norm is computed from it in float32 and stored in x's dtype. ``out_residual`` receives
     new_x (pass ``x`` itself to update it in place), ``out`` the norm. With ``residual_update=None`` it
-    is a plain LayerNorm and new_x is ``x``.
+    is a plain LayerNorm and new_x is ``x``. ``then=(weight2, bias2, eps2)`` (both or neither of the
+    weights given, as for the first): a second LayerNorm of the stored norm, returned third (the next
+    layer's first norm, without reading the row again).
     """
     n = x.shape[-1]
     if residual_update is not None and (residual_update.shape != x.shape or residual_update.dtype != x.dtype):
@@ -291,13 +302,24 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
         nx2 = _rows(nx, "out_residual", writable=True)
     if y.shape != x.shape or nx.shape != x.shape:
         raise ValueError(f"add_layer_norm: outputs must have x's shape {tuple(x.shape)}")
+    z = z2 = None
+    w2 = b2 = None
+    eps2 = 0.0
+    if then is not None:
+        w2, b2, eps2 = then
+        if (w2 is None) != (weight is None) or (b2 is None) != (bias is None):
+            raise ValueError("add_layer_norm: the second norm must have the same affine terms as the first")
+        z = torch.empty_like(x, memory_format=torch.contiguous_format)
+        z2 = _rows(z, "then", writable=True)
     block = triton.next_power_of_2(n)
     _add_layer_norm_kernel[(x2.shape[0],)](
         x2, u2, weight if weight is not None else x2, bias if bias is not None else x2, nx2, y2, n, eps, float(alpha),
-        x2.stride(0), u2.stride(0), nx2.stride(0), y2.stride(0), BLOCK=block,
-        HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None,
+        x2.stride(0), u2.stride(0), nx2.stride(0), y2.stride(0),
+        w2 if w2 is not None else x2, b2 if b2 is not None else x2, z2 if z2 is not None else y2, float(eps2),
+        z2.stride(0) if z2 is not None else 0, BLOCK=block,
+        HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None, HAS_Z=then is not None,
         num_warps=max(1, min(8, block // 256)), **pdl_options(x.device, x2.shape[0]))  # ~8 elements per thread
-    return nx, y
+    return (nx, y) if then is None else (nx, y, z)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

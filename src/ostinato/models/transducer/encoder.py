@@ -4,17 +4,23 @@ Depthwise-striding subsampling (8x, masked between convolutions as NeMo 3 does, 
 does not depend on the padding of its batch), relative-position multi-head attention
 (Transformer-XL style, ``pos_bias_u``/``pos_bias_v``), the macaron feed-forward pair and the
 convolution module whose batch norm is folded into the depthwise convolution.
+
+The padded layers below are the reference (the CPU, float32). On CUDA in half precision every layer
+runs on the rows' valid frames packed one after another (``PackedRows``, the ``forward_packed``
+methods): no padding reaches the linears, norms and activations, and the attention and the
+convolution keep to each row's own frames.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...ops import skinny
+from ...ops.fused_linear import fused_linear_supported, linear_glu, linear_silu
 from ...ops.triton_support import kernels_can_run
 from . import kernels
 from .nemo_checkpoint import EncoderConfig
@@ -89,9 +95,18 @@ class DwStridingSubsampling(nn.Module):
             w.copy_(order.transpose(1, 2).reshape(d, c * f).clone())
         self._channels_last = channels_last
 
-    def _forward_kernels(self, x: Tensor, lengths: Tensor) -> Tensor:
+    def forward_packed(self, x: Tensor, lengths: Tensor, rows: "PackedRows") -> Tensor:
+        """x [B, T, feat] -> the valid frames packed [F, d_model] (``rows``: see ``pack_rows``): on the
+        kernel path the output layer runs on them alone."""
+        if kernels_can_run(x, self.out.weight.dtype, interpreter=True) and self.depthwise:
+            return self._forward_kernels(x, lengths.to(x.device), rows.source)
+        out, _ = self.forward(x, lengths)
+        return out.view(-1, out.shape[-1]).index_select(0, rows.source)
+
+    def _forward_kernels(self, x: Tensor, lengths: Tensor, source: Optional[Tensor] = None) -> Tensor:
         """CUDA half precision: conv0 and the first depthwise conv fused, then channels last throughout
-        (pointwise convs as plain products, relu and masks folded into the next kernel's loads)."""
+        (pointwise convs as plain products, relu and masks folded into the next kernel's loads). With
+        ``source`` (packed frames' places) the valid frames are taken before the output layer."""
         dtype = self.out.weight.dtype
         self._out_weight_channels_last(True)
         b, t, f = x.shape
@@ -104,6 +119,8 @@ class DwStridingSubsampling(nn.Module):
                 n = subsampled_length(n, 2)
             c = y.shape[-1]
             y = torch.addmm(pw.bias, y.view(-1, c), pw.weight.view(c, c).t()).view(y.shape)
+        if source is not None:
+            return self.out(y.view(b * y.shape[1], -1).index_select(0, source).relu_())
         valid = torch.arange(y.shape[1], device=y.device)[None, :] < n[:, None]
         y = y.relu_().masked_fill_(~valid[:, :, None, None], 0.0)
         return self.out(y.view(b, y.shape[1], -1))
@@ -139,7 +156,7 @@ class RelPositionAttention(nn.Module):
     p[i : i+T] of the ascending position projections, so each head's term is one batched matrix product
     over strided windows (no [T, 2T-1] intermediate, no shift copy), written straight into the additive
     bias that SDPA reads. Key padding is added to that bias; padded query rows give finite values that
-    no valid frame ever reads.
+    no valid frame ever reads. This is the reference; ``forward_packed`` is the CUDA half-precision path.
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool):
@@ -160,18 +177,6 @@ class RelPositionAttention(nn.Module):
         qkv = self.linear_qkv(x)
         q = qkv[..., :d].view(b, t, h, dk)
         p = self.linear_pos(pos_emb).contiguous()  # [2T-1, d]
-        if kernels_can_run(x, x.dtype, interpreter=True) and dk in (16, 32, 64, 128):
-            # CUDA half: the position term and key padding written straight into SDPA's bias (a fused
-            # flash kernel computing it per tile, and one cuBLAS product over all positions with a
-            # skewed copy, both measured slower on the H100: 1.75 and 2.0 ms against 1.27 ms)
-            q_u, bias = kernels.relpos_bias(q, p, self.pos_bias_u, self.pos_bias_v, key_bias, scale)
-            k = qkv[..., d:2 * d].view(b, t, h, dk).transpose(1, 2)
-            v = qkv[..., 2 * d:].view(b, t, h, dk).transpose(1, 2)
-            # PyTorch's own backend choice (cuDNN on Hopper), unlike ops.attention: each new batch length
-            # costs cuDNN a plan (20-70 ms), but with this float bias its kernel measured 2.4-3.7x the
-            # flash/memory-efficient ones on an H200 (batch 128 x 188 frames, 32 x 750).
-            out = F.scaled_dot_product_attention(q_u.transpose(1, 2), k, v, attn_mask=bias)
-            return self.linear_out(out.transpose(1, 2).reshape(b, t, d))
         if key_bias is not None:
             key_bias = key_bias.flip(1)
         kv = torch.flip(qkv[..., d:], dims=(1,))  # keys and values in reverse time order
@@ -182,16 +187,41 @@ class RelPositionAttention(nn.Module):
         q_v = torch.empty(h, t, b, dk, device=x.device, dtype=x.dtype)
         torch.add(self.pos_bias_v[:, None, None, :] * scale, q.permute(2, 1, 0, 3), alpha=scale, out=q_v)
         pad = -(-t // 16) * 16  # rows of the bias 16-element aligned: SDPA uses it without a copy
-        bias = torch.empty(h, t, b, pad, device=x.device, dtype=x.dtype)
-        off = p.storage_offset()
-        for head in range(h):
-            window = p.as_strided((t, dk, t), (d, 1, d), off + head * dk)  # [i, :, j'] = p[i + j', head]
-            torch.bmm(q_v[head], window, out=bias[head, :, :, :t])
+        bias = windowed_position_term(q_v, p, torch.empty(h, t, b, pad, device=x.device, dtype=x.dtype))
         bias = bias[..., :t]
         if key_bias is not None:
             bias.add_(key_bias)
         out = F.scaled_dot_product_attention(q_u, k, v, attn_mask=bias.permute(2, 0, 1, 3))
         return self.linear_out(out.transpose(1, 2).reshape(b, t, d))
+
+    def forward_packed(self, x: Tensor, pos_emb: Tensor, rows: "PackedRows") -> Tensor:
+        """The kernel path: x [F, d] packed frames, pos_emb [W + 8, d] (descending, padded: see
+        ``kernels.position_term``) -> [F, d]. The position term is one batched cuBLAS product of every frame against
+        every relative position (the windowed products above, batched over time, measured 2.7x slower
+        on the H100: cuBLAS runs them as many skinny products); a flash-style kernel over each row's
+        own frames reads it along the skewed diagonal (no padded keys, no mask, no [B, H, T, T] bias
+        through SDPA)."""
+        scale = 1.0 / math.sqrt(self.d_k)
+        qkv = self.linear_qkv(x)
+        pos = kernels.position_term(qkv, self.pos_bias_v, self.linear_pos(pos_emb), rows.longest, scale)
+        out = kernels.relpos_attention(qkv, self.pos_bias_u, pos, rows.starts, rows.lengths, rows.longest, scale)
+        return self.linear_out(out)
+
+
+def windowed_position_term(q_v: Tensor, p: Tensor, out: Tensor) -> Tensor:
+    """The relative-position term with the keys in reverse time order: q_v [H, T, B, d_k] is (q + v) /
+    sqrt(d_k) time major, p [2T-1, H * d_k] the ascending position projections; out [H, T, B, T' >= T]
+    gets out[h, i, b, j'] = q_v[h, i, b] . p[i + j', h] = the term of query i and key T-1-j'. With the
+    keys reversed, query i's positions are the contiguous window p[i : i+T], so each head is one
+    batched product over strided windows: exactly the band that is needed, no [T, 2T-1] intermediate
+    and no shift copy."""
+    h, t, _, dk = q_v.shape
+    d = p.shape[1]
+    off = p.storage_offset()
+    for head in range(h):
+        window = p.as_strided((t, dk, t), (d, 1, d), off + head * dk)  # [i, :, j'] = p[i + j', head]
+        torch.bmm(q_v[head], window, out=out[head, :, :, :t])
+    return out
 
 
 class FeedForward(nn.Module):
@@ -203,6 +233,12 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(F.silu(self.linear1(x), inplace=True))
 
+    def forward_packed(self, x: Tensor) -> Tensor:
+        """x [F, d]: the first linear's bias and swish in its product's epilogue where the GPU allows."""
+        if self.linear1.bias is None:
+            return self.forward(x)
+        return self.linear2(linear_silu(x, self.linear1.weight, self.linear1.bias))
+
 
 class ConvModule(nn.Module):
     """Pointwise conv + GLU, depthwise conv (batch norm folded in), swish, pointwise conv."""
@@ -213,16 +249,24 @@ class ConvModule(nn.Module):
         self.depthwise = nn.Conv1d(d_model, d_model, kernel_size, padding=(kernel_size - 1) // 2, groups=d_model, bias=True)
         self.pointwise2 = nn.Linear(d_model, d_model, bias=bias)
 
-    def forward(self, x: Tensor, pad_mask: Optional[Tensor], lengths: Tensor) -> Tensor:
-        x = self.pointwise1(x)
-        if kernels_can_run(x, x.dtype, interpreter=True):  # GLU, padding mask, depthwise conv and swish in one pass
-            x = kernels.glu_dwconv_silu(x, self.depthwise.weight, self.depthwise.bias, lengths)
-            return self.pointwise2(x)
-        x = F.glu(x, dim=-1)
+    def forward(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        x = F.glu(self.pointwise1(x), dim=-1)
         if pad_mask is not None:
             x = x.masked_fill(pad_mask[:, :, None], 0.0)
         x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
         return self.pointwise2(F.silu(x))
+
+    def forward_packed(self, x: Tensor, rows: "PackedRows") -> Tensor:
+        """x [F, d] packed frames: the GLU in the first pointwise product's epilogue where the GPU allows
+        (else in the next kernel), then the row bounds, the depthwise conv and swish in one kernel."""
+        conv = self.depthwise
+        if self.pointwise1.bias is not None and fused_linear_supported(x, self.pointwise1.weight):
+            x = linear_glu(x, self.pointwise1.weight, self.pointwise1.bias)
+            x = kernels.glu_dwconv_silu(x, conv.weight, conv.bias, rows.starts, rows.lengths, rows.longest, glu=False)
+        else:
+            x = kernels.glu_dwconv_silu(self.pointwise1(x), conv.weight, conv.bias, rows.starts, rows.lengths,
+                                        rows.longest)
+        return self.pointwise2(x)
 
 
 class ConformerLayer(nn.Module):
@@ -239,23 +283,52 @@ class ConformerLayer(nn.Module):
         self.ff2 = FeedForward(d, cfg.d_ff, bias)
         self.norm_out = nn.LayerNorm(d)
 
-    def forward(self, x: Tensor, pos_emb: Tensor, key_bias: Optional[Tensor], pad_mask: Optional[Tensor],
-                lengths: Tensor) -> Tensor:
+    def forward(self, x: Tensor, pos_emb: Tensor, key_bias: Optional[Tensor], pad_mask: Optional[Tensor]) -> Tensor:
         """x is the layer's own residual stream (updated in place)."""
-        if kernels_can_run(x, x.dtype, interpreter=True):
-            # CUDA half: each residual add and the next LayerNorm in one pass (one read of the stream less)
-            h = self.norm_ff1(x)
-            for block, alpha, norm in ((lambda h: self.ff1(h), 0.5, self.norm_att),
-                                       (lambda h: self.attn(h, pos_emb, key_bias), 1.0, self.norm_conv),
-                                       (lambda h: self.conv(h, pad_mask, lengths), 1.0, self.norm_ff2),
-                                       (lambda h: self.ff2(h), 0.5, self.norm_out)):
-                x, h = skinny.add_layer_norm(x, block(h), norm.weight, norm.bias, norm.eps, out_residual=x, alpha=alpha)
-            return h
         x = x.add_(self.ff1(self.norm_ff1(x)), alpha=0.5)
         x = x.add_(self.attn(self.norm_att(x), pos_emb, key_bias))
-        x = x.add_(self.conv(self.norm_conv(x), pad_mask, lengths))
+        x = x.add_(self.conv(self.norm_conv(x), pad_mask))
         x = x.add_(self.ff2(self.norm_ff2(x)), alpha=0.5)
         return self.norm_out(x)
+
+    def forward_packed(self, x: Tensor, h: Tensor, pos_emb: Tensor, rows: "PackedRows",
+                       next_norm: Optional[nn.LayerNorm]) -> Tuple[Tensor, Optional[Tensor]]:
+        """The kernel path on packed frames [F, d], h = norm_ff1(x) given: each residual add and the next
+        LayerNorm in one pass (one read of the stream less), the last one followed by the next layer's
+        first norm (``next_norm``) -> (the layer's output, next_norm of it or None)."""
+        for block, alpha, norm in ((self.ff1.forward_packed, 0.5, self.norm_att),
+                                   (lambda h: self.attn.forward_packed(h, pos_emb, rows), 1.0, self.norm_conv),
+                                   (lambda h: self.conv.forward_packed(h, rows), 1.0, self.norm_ff2)):
+            x, h = skinny.add_layer_norm(x, block(h), norm.weight, norm.bias, norm.eps, out_residual=x, alpha=alpha)
+        norm = self.norm_out
+        if next_norm is None:
+            return skinny.add_layer_norm(x, self.ff2.forward_packed(h), norm.weight, norm.bias, norm.eps,
+                                         out_residual=x, alpha=0.5)[1], None
+        _, out, h = skinny.add_layer_norm(x, self.ff2.forward_packed(h), norm.weight, norm.bias, norm.eps,
+                                          out_residual=x, alpha=0.5,
+                                          then=(next_norm.weight, next_norm.bias, next_norm.eps))
+        return out, h
+
+
+class PackedRows(NamedTuple):
+    """A batch's valid frames one row after another, no padding between rows (the kernel path's layout):
+    per-frame work (the linears, norms, activations) runs on real frames only."""
+    starts: Tensor  # [B] each row's first frame
+    lengths: Tensor  # [B] its frames
+    frames: int  # all rows' frames
+    longest: int  # the padded length T
+    source: Tensor  # [frames] each packed frame's place in the padded [B * T] layout
+
+
+def pack_rows(lengths: Tensor, frames: int, longest: int) -> PackedRows:
+    """Built on the device from the lengths (no host sync); ``frames`` must be their sum."""
+    b = lengths.shape[0]
+    device = lengths.device
+    lengths = lengths.to(torch.int64)
+    starts = lengths.cumsum(0) - lengths
+    row = torch.repeat_interleave(torch.arange(b, device=device), lengths, output_size=frames)
+    source = row * longest + torch.arange(frames, device=device) - starts[row]
+    return PackedRows(starts, lengths, frames, longest, source)
 
 
 class FastConformerEncoder(nn.Module):
@@ -269,18 +342,23 @@ class FastConformerEncoder(nn.Module):
     def output_lengths(self, feature_lengths: Tensor) -> Tensor:
         return subsampled_length(feature_lengths, self.cfg.subsampling_factor)
 
-    def forward(self, features: Tensor, lengths: Tensor, padded: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
+    def forward(self, features: Tensor, lengths: Tensor, padded: Optional[bool] = None,
+                host_lengths: Optional[Sequence[int]] = None) -> Tuple[Tensor, Tensor]:
         """features [B, feat, T] -> encoder output [B, T', d_model] (time-major, unlike NeMo), lengths [B].
 
-        ``padded``: whether any row's output is shorter than T', when the caller knows (otherwise one
-        wait for the device to find out). Frames past a row's length hold finite values that depend on
-        the padding; read only valid frames.
+        ``padded``: whether any row's output is shorter than T', and ``host_lengths``: the feature
+        lengths, when the caller knows them (otherwise one wait for the device to find out). Frames
+        past a row's length hold finite values that depend on the padding (zeros on the kernel path);
+        read only valid frames.
         """
+        dtype = self.pre_encode.out.weight.dtype
+        if kernels_can_run(features, dtype, interpreter=True) and self.layers[0].attn.d_k in (16, 32, 64, 128):
+            return self._forward_packed(features, lengths, host_lengths)
         x, lengths = self.pre_encode(features.transpose(1, 2), lengths)
+        b, t, d = x.shape
+        pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
         if self.xscale is not None:
             x = x.mul_(self.xscale)
-        t = x.shape[1]
-        pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
         valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
         if padded is None:
             padded = not bool((lengths >= t).all())  # one host sync: no padding, no masks
@@ -290,8 +368,34 @@ class FastConformerEncoder(nn.Module):
             pad_mask = ~valid
             key_bias = torch.zeros(valid.shape, device=x.device, dtype=x.dtype).masked_fill_(pad_mask, _MASK_VALUE)
         for layer in self.layers:
-            x = layer(x, pos_emb, key_bias, pad_mask, lengths)
+            x = layer(x, pos_emb, key_bias, pad_mask)
         return x, lengths
+
+    def _forward_packed(self, features: Tensor, lengths: Tensor,
+                        host_lengths: Optional[Sequence[int]]) -> Tuple[Tensor, Tensor]:
+        """The kernel path: every layer on the rows' valid frames packed one after another."""
+        factor = self.cfg.subsampling_factor
+        b, d = features.shape[0], self.cfg.d_model
+        t = subsampled_length(features.shape[-1], factor)
+        out_lengths = subsampled_length(lengths.to(features.device), factor)
+        frames = (sum(subsampled_length(int(n), factor) for n in host_lengths) if host_lengths is not None
+                  else int(out_lengths.sum()))  # one host sync
+        rows = pack_rows(out_lengths, frames, t)
+        h = self.pre_encode.forward_packed(features.transpose(1, 2), lengths, rows)
+        if self.xscale is not None:
+            h = h.mul_(self.xscale)
+        # the positions in descending order, zero rows before them and 8 after, W + 8 rows in all (see
+        # kernels.position_term; W a multiple of 8: the products' rows stay 16-byte aligned for cuBLAS,
+        # unaligned they took 4x as long on the H100)
+        width = -(-(2 * t + 7) // 8) * 8
+        pos_emb = relative_positions(t, d, h.device, h.dtype).flip(0)
+        pos_emb = F.pad(pos_emb, (0, 0, width - (2 * t - 1), 8))
+        first = self.layers[0].norm_ff1
+        normed = skinny.add_layer_norm(h, None, first.weight, first.bias, first.eps)[1]
+        for k, layer in enumerate(self.layers):
+            after = self.layers[k + 1].norm_ff1 if k + 1 < len(self.layers) else None
+            h, normed = layer.forward_packed(h, normed, pos_emb, rows, after)
+        return h.new_zeros(b * t, d).index_copy_(0, rows.source, h).view(b, t, d), out_lengths
 
 
 def encoder_state_from_nemo(sd: Dict[str, Tensor], cfg: EncoderConfig) -> Dict[str, Tensor]:

@@ -1,7 +1,12 @@
 """Triton kernels for the transducer's half-precision CUDA path (float16 / bfloat16).
 
 * ``glu_dwconv_silu``: the conformer convolution module's middle in one pass: GLU over the
-  pointwise output, zero past each length, depthwise convolution (batch norm folded) plus bias, swish.
+  pointwise output, zero outside each row, depthwise convolution (batch norm folded) plus bias, swish.
+* ``relpos_attention``: Transformer-XL relative-position attention, flash style, adding the position
+  term that ``position_term``'s cuBLAS products wrote (every frame against every relative position),
+  read along the skewed diagonal in aligned vectors.
+* ``subsample_first``, ``subsample_depthwise``: the striding subsampling's convolutions, channels last.
+* The encoder kernels take rows of packed frames (no padding between rows).
 * ``joint_logits``, ``decode_tail``, ``lstm_layer``: a label-looping decode step in five launches
   (joint with the encoder-frame gather fused in; argmax and all bookkeeping; one fused matrix product
   plus cell update per LSTM layer; the prediction projection through cuBLAS).
@@ -30,29 +35,43 @@ if HAVE_TRITON:
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
 
     # -- encoder --------------------------------------------------------------------------------
-    @triton.jit(do_not_specialize=["T"])
-    def _glu_dwconv_silu_kernel(x_ptr, w_ptr, b_ptr, len_ptr, out_ptr, T,
-                                C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    @triton.jit
+    def _fast_sigmoid(x):
+        # exp2 and an approximate reciprocal: the kernel below is instruction bound, and the result is
+        # stored in half precision
+        return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
+
+    @triton.jit
+    def _glu_dwconv_silu_kernel(x_ptr, w_ptr, b_ptr, start_ptr, len_ptr, out_ptr,
+                                C: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr, BT: tl.constexpr,
+                                BC: tl.constexpr):
+        """Rows of packed frames (row b: frames start[b] .. start[b] + len[b]); out has x's frames. x is
+        [F, 2C] (values, gates: the GLU is taken here) or, without GLU, [F, C] (already taken)."""
         pid_t = tl.program_id(0)
         pid_c = tl.program_id(1)
         b = tl.program_id(2)
         length = tl.load(len_ptr + b)
-        ts = pid_t * BT + tl.arange(0, BT)
-        cs = pid_c * BC + tl.arange(0, BC)
-        acc = tl.zeros((BT, BC), dtype=tl.float32)
-        row0 = b.to(tl.int64) * T
-        for k in tl.static_range(K):
-            src = ts + (k - (K - 1) // 2)
-            ok = (src >= 0) & (src < length)
-            ptr = x_ptr + (row0 + src)[:, None] * (2 * C) + cs[None, :]
-            a = tl.load(ptr, mask=ok[:, None], other=0.0).to(tl.float32)
-            g = tl.load(ptr + C, mask=ok[:, None], other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + cs * K + k).to(tl.float32)
-            acc += (a * _sigmoid(g)) * w[None, :]
-        acc += tl.load(b_ptr + cs).to(tl.float32)[None, :]
-        y = acc * _sigmoid(acc)
-        tl.store(out_ptr + (row0 + ts)[:, None] * C + cs[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=(ts < T)[:, None])
+        if pid_t * BT < length:
+            row0 = tl.load(start_ptr + b)
+            ts = pid_t * BT + tl.arange(0, BT)
+            cs = pid_c * BC + tl.arange(0, BC)
+            acc = tl.zeros((BT, BC), dtype=tl.float32)
+            for k in tl.static_range(K):
+                src = ts + (k - (K - 1) // 2)
+                ok = (src >= 0) & (src < length)
+                w = tl.load(w_ptr + cs * K + k).to(tl.float32)
+                if GLU:
+                    ptr = x_ptr + (row0 + src)[:, None] * (2 * C) + cs[None, :]
+                    a = tl.load(ptr, mask=ok[:, None], other=0.0).to(tl.float32)
+                    g = tl.load(ptr + C, mask=ok[:, None], other=0.0).to(tl.float32)
+                    acc += (a * _fast_sigmoid(g)) * w[None, :]
+                else:
+                    a = tl.load(x_ptr + (row0 + src)[:, None] * C + cs[None, :], mask=ok[:, None], other=0.0)
+                    acc += a.to(tl.float32) * w[None, :]
+            acc += tl.load(b_ptr + cs).to(tl.float32)[None, :]
+            y = acc * _fast_sigmoid(acc)
+            tl.store(out_ptr + (row0 + ts)[:, None] * C + cs[None, :], y.to(out_ptr.dtype.element_ty),
+                     mask=(ts < length)[:, None])
 
     @triton.jit(do_not_specialize=["T", "T2", "sxb", "sxt", "sxf"])
     def _subsample_first_kernel(x_ptr, sxb, sxt, sxf, len_ptr, w0_ptr, b0_ptr, wd_ptr, bd_ptr, out_ptr, T, T2,
@@ -62,7 +81,8 @@ if HAVE_TRITON:
         conv0 (1 -> C channels, 3x3, stride 2) + relu, then the depthwise 3x3 stride-2 convolution,
         each masked past its length as NeMo masks them. x [B, T, F] (any strides, zero past each
         length), out [B, T2, F2, C] channels last. Each output position recomputes the 9 conv0
-        values it reads (9 products each): cheap next to storing C x T/2 x F/2 values per row."""
+        outputs it reads (cheap next to storing C x T/2 x F/2 values per row), each as one tensor-core
+        product: its 3x3 input patch and a 1 for the bias [BP, 16] times the filters [16, BC]."""
         pid_p = tl.program_id(0)
         pid_c = tl.program_id(1)
         b = tl.program_id(2)
@@ -75,31 +95,31 @@ if HAVE_TRITON:
         f2 = pos % F2
         cs = pid_c * BC + tl.arange(0, BC)
         xrow = x_ptr + b.to(tl.int64) * sxb
-        b0 = tl.load(b0_ptr + cs).to(tl.float32)
+        dt_ = out_ptr.dtype.element_ty
+        # conv0's filters as a [16, BC] operand: rows 0-8 the taps (a, e) = (k // 3, k % 3), row 9 the bias
+        k = tl.arange(0, 16)
+        w0 = tl.load(w0_ptr + cs[None, :] * 9 + k[:, None], mask=(k < 9)[:, None], other=0.0)
+        w0 = tl.where((k == 9)[:, None], tl.load(b0_ptr + cs)[None, :], w0).to(dt_)
         acc = tl.zeros((BP, BC), dtype=tl.float32)
         for dt in tl.static_range(3):
             t1 = 2 * t2 + dt - 1
             for df in tl.static_range(3):
                 f1 = 2 * f2 + df - 1
-                y = tl.zeros((BP, BC), dtype=tl.float32) + b0[None, :]
-                for a in tl.static_range(3):
-                    t0 = 2 * t1 + a - 1
-                    for e in tl.static_range(3):
-                        f0 = 2 * f1 + e - 1
-                        ok = (t0 >= 0) & (t0 < n0) & (f0 >= 0) & (f0 < F)
-                        xin = tl.load(xrow + t0.to(tl.int64) * sxt + f0 * sxf, mask=ok, other=0.0)
-                        xin = xin.to(out_ptr.dtype.element_ty).to(tl.float32)
-                        w = tl.load(w0_ptr + cs * 9 + a * 3 + e).to(tl.float32)
-                        y += xin[:, None] * w[None, :]
+                t0 = 2 * t1[:, None] + k[None, :] // 3 - 1
+                f0 = 2 * f1[:, None] + k[None, :] % 3 - 1
+                ok = (t0 >= 0) & (t0 < n0) & (f0 >= 0) & (f0 < F) & (k < 9)[None, :]
+                patch = tl.load(xrow + t0.to(tl.int64) * sxt + f0 * sxf, mask=ok, other=0.0)
+                patch = tl.where((k == 9)[None, :], 1.0, patch.to(dt_).to(tl.float32)).to(dt_)
+                y = tl.dot(patch, w0)
                 # conv0's output in the storage dtype, relu, zero past its length and at the padding
-                y = tl.maximum(y.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)
+                y = tl.maximum(y.to(dt_).to(tl.float32), 0.0)
                 valid = (t1 >= 0) & (t1 < n1) & (f1 >= 0) & (f1 < F1)
                 y = tl.where(valid[:, None], y, 0.0)
                 acc += y * tl.load(wd_ptr + cs * 9 + dt * 3 + df).to(tl.float32)[None, :]
         acc += tl.load(bd_ptr + cs).to(tl.float32)[None, :]
         acc = tl.where((t2 < n2)[:, None], acc, 0.0)
         tl.store(out_ptr + ((b.to(tl.int64) * T2 + t2) * F2 + f2)[:, None] * C + cs[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=(t2 < T2)[:, None])
+                 acc.to(dt_), mask=(t2 < T2)[:, None])
 
     @triton.jit(do_not_specialize=["Tin", "Tout"])
     def _subsample_dw_kernel(x_ptr, len_ptr, w_ptr, b_ptr, out_ptr, Tin, Tout, FIN: tl.constexpr,
@@ -131,42 +151,77 @@ if HAVE_TRITON:
         tl.store(out_ptr + ((b.to(tl.int64) * Tout + t) * FOUT + f)[:, None] * C + cs[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=(t < Tout)[:, None])
 
-    @triton.jit(do_not_specialize=["T", "q_stride_b", "q_stride_t", "out_stride_bh", "out_stride_t"])
-    def _relpos_bias_kernel(q_ptr, p_ptr, bu_ptr, bv_ptr, kb_ptr, qu_ptr, out_ptr, T, q_stride_b, q_stride_t, out_stride_bh,
-                            out_stride_t, scale, HAS_KB: tl.constexpr, H: tl.constexpr, DK: tl.constexpr,
-                            BM: tl.constexpr, BN: tl.constexpr):
-        """bias[b, h, i, j] = ((q_i + v) . p[i - j + T - 1]) * scale (+ key padding bias[b, j]).
-
-        One tile's positions are BM + BN - 1 consecutive rows of p: one product on the tensor cores,
-        then the skewed diagonal band is gathered out of it."""
-        pid_j = tl.program_id(0)
-        pid_i = tl.program_id(1)
-        bh = tl.program_id(2)
-        b = bh // H
-        h = bh % H
-        i = pid_i * BM + tl.arange(0, BM)
-        j = pid_j * BN + tl.arange(0, BN)
+    @triton.jit(do_not_specialize=["scale", "F", "F8"])
+    def _position_queries_kernel(qkv_ptr, v_ptr, out_ptr, scale, F, F8, H: tl.constexpr, DK: tl.constexpr,
+                                 BT: tl.constexpr):
+        """out [8, H, F8, DK]: (q + v) * scale of frame f of the packed [F, 3 * H * DK] projection at
+        [7 - f % 8, h, f // 8] (frames in eight classes, see ``position_term``)."""
+        pid_t = tl.program_id(0)
+        h = tl.program_id(1)
+        f = pid_t * BT + tl.arange(0, BT)
         ks = tl.arange(0, DK)
-        q = tl.load(q_ptr + b.to(tl.int64) * q_stride_b + i[:, None] * q_stride_t + h * DK + ks[None, :],
-                    mask=(i < T)[:, None], other=0.0)
-        bv = tl.load(bv_ptr + h * DK + ks)
-        qv = ((q + bv[None, :]).to(tl.float32) * scale).to(q.dtype)
-        if pid_j == 0:  # the content query q + u, [B, T, H, DK] contiguous, as a side output
-            bu = tl.load(bu_ptr + h * DK + ks)
-            tl.store(qu_ptr + ((b.to(tl.int64) * T + i[:, None]) * H + h) * DK + ks[None, :], q + bu[None, :],
-                     mask=(i < T)[:, None])
-        s0 = pid_i * BM - pid_j * BN - BN + T
-        r = s0 + tl.arange(0, BM + BN)
-        pt = tl.load(p_ptr + r[:, None] * (H * DK) + h * DK + ks[None, :],
-                     mask=((r >= 0) & (r < 2 * T - 1))[:, None], other=0.0)
-        full = tl.dot(qv, tl.trans(pt))  # [BM, BM + BN]
-        # (storing each product straight to its skewed place instead measured 3.4x slower on the H100)
-        idx = tl.arange(0, BM)[:, None] - tl.arange(0, BN)[None, :] + (BN - 1)
-        out = tl.gather(full, idx, axis=1)
-        if HAS_KB:
-            out += tl.load(kb_ptr + b * T + j, mask=j < T, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + bh.to(tl.int64) * out_stride_bh + i[:, None] * out_stride_t + j[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=(i < T)[:, None] & (j < T)[None, :])
+        ok = (f < F)[:, None]
+        q = tl.load(qkv_ptr + f.to(tl.int64)[:, None] * (3 * H * DK) + h * DK + ks[None, :], mask=ok)
+        q = ((q + tl.load(v_ptr + h * DK + ks)[None, :]).to(tl.float32) * scale).to(q.dtype)
+        dst = ((7 - f % 8) * H + h).to(tl.int64) * F8 + f // 8
+        tl.store(out_ptr + dst[:, None] * DK + ks[None, :], q, mask=ok)
+
+    @triton.jit(do_not_specialize=["scale", "W", "c", "F8"])
+    def _relpos_attention_kernel(qkv_ptr, u_ptr, pos_ptr, start_ptr, len_ptr, out_ptr, scale, W, c, F8,
+                                 H: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """Relative-position attention of one (query block, head, row), flash style, over the row's own
+        frames: out_i = softmax_j(((q_i + u) . k_j) * scale + pos_term(i, j)) v_j.
+
+        q, k, v: the row's frames of the packed [F, 3 * H * DK] projection. ``pos`` [8, H, F8, W] is
+        ``position_term``'s product: frame f = 8m + k's term for distance i - j sits at
+        [7 - k, h, m, W - 9 - c + k - i + j], so along a row of keys it is contiguous and ascending,
+        and every row of a block starts at the same address modulo 8: with the key blocks placed to
+        make that address a multiple of 8, a block's terms are read as aligned vectors."""
+        pid_m = tl.program_id(0)
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+        n = tl.load(len_ptr + b).to(tl.int32)
+        m0 = pid_m * BM
+        if m0 < n:
+            D: tl.constexpr = H * DK
+            start = tl.load(start_ptr + b)
+            i = m0 + tl.arange(0, BM)
+            ks = tl.arange(0, DK)
+            qok = i < n
+            row = qkv_ptr + start * (3 * D) + h * DK
+            q = tl.load(row + i[:, None] * (3 * D) + ks[None, :], mask=qok[:, None], other=0.0)
+            q = q + tl.load(u_ptr + h * DK + ks)[None, :]
+            f = start + i
+            k = f % 8
+            pos_rows = (((7 - k) * H + h) * F8 + f // 8) * W + W - 9 - c + k - i  # int64; + j: the key's term
+            cols = tl.arange(0, BN)
+            # key blocks at jt = first (mod BN): pos_rows + jt is then a multiple of 8 in every row
+            # (pos_rows = start - 9 - c modulo 8 throughout the row)
+            first = ((9 + c - start.to(tl.int32)) % 8 + 8) % 8 - 8
+            m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros((BM,), dtype=tl.float32)
+            acc = tl.zeros((BM, DK), dtype=tl.float32)
+            for jt in range(first, n, BN):
+                j = jt + cols
+                kok = (j >= 0) & (j < n)
+                kv = row + j[:, None] * (3 * D) + ks[None, :]
+                k_ = tl.load(kv + D, mask=kok[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k_)) * scale
+                # no key mask on this load (it would split the vectors): masked keys read terms of
+                # neighbouring frames or the buffer's margins, and score -inf below
+                lowest = tl.multiple_of(pos_rows + jt, 8)
+                s += tl.load(pos_ptr + lowest[:, None] + cols[None, :], mask=qok[:, None], other=0.0).to(tl.float32)
+                s = tl.where(kok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
+                p = tl.exp2((s - m_new[:, None]) * 1.4426950408889634)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                v = tl.load(kv + 2 * D, mask=kok[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+            out = acc / l_i[:, None]
+            tl.store(out_ptr + (start + i)[:, None] * D + h * DK + ks[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=qok[:, None])
 
     # -- decode ---------------------------------------------------------------------------------
     @triton.jit
@@ -296,9 +351,10 @@ if HAVE_TRITON:
 
 # launch configurations (dev/transducer_kernels_bench.py times alternatives on the device)
 CONFIG = {
-    "glu_dwconv": dict(BT=32, BC=64, num_warps=4),
-    # (a cuBLAS product over all 2T-1 positions per head plus a shift pass measured 2x slower on the H100)
-    "relpos": dict(BM=64, BN=64, num_warps=4, num_stages=1),
+    "glu_dwconv": dict(BT=16, BC=128, num_warps=4),
+    "dwconv": dict(BT=32, BC=64, num_warps=4),
+    "relpos": dict(BM=128, BN=64, num_warps=8, num_stages=3),
+    "subsample_first": dict(BP=64, BC=128, num_warps=4),
     "subsample": dict(BP=32, BC=64, num_warps=4),
     "joint": dict(BN=16, num_warps=4, BK=128),  # up to 16 rows
     "joint_wide": dict(BN=32, num_warps=4, BK=128),  # more rows
@@ -307,19 +363,22 @@ CONFIG = {
 }
 
 
-def glu_dwconv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """x [B, T, 2C] (pointwise-conv output) -> swish(depthwise_conv(glu(x) zeroed past lengths) + bias) [B, T, C]."""
-    b, t, c2 = x.shape
-    c = c2 // 2
+def glu_dwconv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, starts: torch.Tensor,
+                    lengths: torch.Tensor, longest: int, glu: bool = True) -> torch.Tensor:
+    """x [F, 2C]: the pointwise conv's output for rows of packed frames (row b: ``lengths[b]`` frames from
+    ``starts[b]``; ``longest`` the most) -> swish(depthwise_conv(glu(x), zero outside the row) + bias) [F, C].
+    With ``glu=False`` x is [F, C], the GLU already taken."""
+    f, cx = x.shape
+    c = cx // 2 if glu else cx
     k = weight.shape[-1]
     x = x.contiguous()
-    out = torch.empty(b, t, c, device=x.device, dtype=x.dtype)
-    cfg = CONFIG["glu_dwconv"]
+    out = torch.empty(f, c, device=x.device, dtype=x.dtype)
+    cfg = CONFIG["glu_dwconv" if glu else "dwconv"]
     bt, bc = cfg["BT"], cfg["BC"]
     while c % bc:
         bc //= 2
-    grid = (triton.cdiv(t, bt), triton.cdiv(c, bc), b)
-    _glu_dwconv_silu_kernel[grid](x, weight.contiguous(), bias, lengths.contiguous(), out, t, C=c, K=k, BT=bt, BC=bc,
+    grid = (triton.cdiv(longest, bt), triton.cdiv(c, bc), lengths.shape[0])
+    _glu_dwconv_silu_kernel[grid](x, weight.contiguous(), bias, starts, lengths, out, C=c, K=k, GLU=glu, BT=bt, BC=bc,
                                   num_warps=cfg["num_warps"])
     return out
 
@@ -332,7 +391,7 @@ def subsample_first(x: torch.Tensor, lengths: torch.Tensor, conv0, depthwise, dt
     t2 = ((t - 1) // 2) // 2 + 1
     f2 = ((f - 1) // 2) // 2 + 1
     out = torch.empty(b, t2, f2, c, device=x.device, dtype=dtype)
-    cfg = CONFIG["subsample"]
+    cfg = CONFIG["subsample_first"]
     bp, bc = cfg["BP"], min(cfg["BC"], c)
     grid = (triton.cdiv(t2 * f2, bp), triton.cdiv(c, bc), b)
     _subsample_first_kernel[grid](x, x.stride(0), x.stride(1), x.stride(2), lengths, conv0.weight, conv0.bias,
@@ -355,24 +414,51 @@ def subsample_depthwise(x: torch.Tensor, lengths: torch.Tensor, depthwise) -> to
     return out
 
 
-def relpos_bias(q: torch.Tensor, p: torch.Tensor, pos_bias_u: torch.Tensor, pos_bias_v: torch.Tensor, key_bias,
-                scale: float):
-    """q [B, T, H, DK] (rows may be strided), p [2T-1, H*DK] (ascending positions), key_bias [B, T] or
-    None -> (q + u as [B, T, H, DK], the additive attention bias [B, H, T, T], a view of a buffer
-    whose rows are 16-aligned)."""
-    b, t, h, dk = q.shape
-    assert q.stride(3) == 1 and q.stride(2) == dk and p.is_contiguous()
-    pad = -(-t // 16) * 16
-    out = torch.empty(b, h, t, pad, device=q.device, dtype=q.dtype)
-    q_u = torch.empty(b, t, h, dk, device=q.device, dtype=q.dtype)
+def position_term(qkv: torch.Tensor, pos_bias_v: torch.Tensor, pr: torch.Tensor, longest: int, scale: float):
+    """The position term of every frame against every relative position, for ``relpos_attention``.
+
+    qkv [F, 3 * H * DK] packed frames; pr [W + 8, H * DK] the position projections in descending order,
+    padded: zero rows, then distances T-1 .. -(T-1) (T = ``longest``), then 8 zero rows (W a multiple
+    of 8, >= 2T + 7). Frames go in eight classes by f % 8; class k's product uses the positions
+    shifted by 8 - k rows:
+    out[7 - k, h, m, s] = ((q + v) * scale)[8m + k, h] . pr[s + 8 - k, h]. Frame f's term against key j
+    is then at s = W - 9 - c + k - i + j (i its position in its row, c = T - 1): ascending in j, and
+    at the same address modulo 8 in every frame of a row (the attention kernel reads it as aligned
+    vectors; unaligned, it measured 1.9x slower). One cuBLAS product, write-bound (a Triton kernel
+    computing only the tiles inside each frame's band of needed distances measured 1.3x slower on
+    the H100). Returns the [8, H, F8, W] view of a buffer with margins before and after it, which
+    the kernel may read for masked keys."""
+    h, dk = pos_bias_v.shape
+    f = qkv.shape[0]
+    f8 = -(-f // 8)
+    w = pr.shape[0] - 8
+    q_v = torch.empty(8, h, f8, dk, device=qkv.device, dtype=qkv.dtype)
+    bt = 32
+    _position_queries_kernel[(triton.cdiv(f, bt), h)](qkv, pos_bias_v, q_v, scale, f, f8, H=h, DK=dk, BT=bt,
+                                                      num_warps=4)
+    margin = -(-(longest + 2 * 128 + 16) // 8) * 8
+    flat = torch.empty(2 * margin + 8 * h * f8 * w, device=qkv.device, dtype=qkv.dtype)
+    out = flat[margin:margin + 8 * h * f8 * w].view(8, h, f8, w)
+    # one batched product over (slot, head): slot 7 - k (class k) reads pr from row 8 - k = slot + 1, at
+    # element (slot + 1) * H * DK + h * DK = (H + slot * H + h) * DK: the 8 * H operands DK elements apart
+    positions = pr.as_strided((8 * h, dk, w), (dk, 1, h * dk), pr.storage_offset() + h * dk)
+    torch.bmm(q_v.view(8 * h, f8, dk), positions, out=out.view(8 * h, f8, w))
+    return out
+
+
+def relpos_attention(qkv: torch.Tensor, pos_bias_u: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor,
+                     lengths: torch.Tensor, longest: int, scale: float) -> torch.Tensor:
+    """Relative-position attention over rows of packed frames: qkv [F, 3 * H * DK], pos the
+    ``position_term`` of the same frames (T = ``longest``) -> [F, H * DK]."""
+    h, dk = pos_bias_u.shape
+    f8, w = pos.shape[2], pos.shape[3]
+    out = torch.empty(qkv.shape[0], h * dk, device=qkv.device, dtype=qkv.dtype)
     cfg = CONFIG["relpos"]
-    bm, bn = cfg["BM"], cfg["BN"]
-    grid = (triton.cdiv(t, bn), triton.cdiv(t, bm), b * h)
-    kb = key_bias if key_bias is not None else out
-    _relpos_bias_kernel[grid](q, p, pos_bias_u, pos_bias_v, kb, q_u, out, t, q.stride(0), q.stride(1), t * pad, pad,
-                              scale, HAS_KB=key_bias is not None, H=h, DK=dk, BM=bm, BN=bn,
-                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return q_u, out[..., :t]
+    grid = (triton.cdiv(longest, cfg["BM"]), h, lengths.shape[0])
+    _relpos_attention_kernel[grid](qkv, pos_bias_u, pos, starts, lengths, out, scale, w, longest - 1, f8, H=h, DK=dk,
+                                   BM=cfg["BM"], BN=cfg["BN"], num_warps=cfg["num_warps"],
+                                   num_stages=cfg["num_stages"])
+    return out
 
 
 def joint_logits(enc_proj, t, last_t, g_proj, weight, bias, out) -> None:
