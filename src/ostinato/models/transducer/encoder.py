@@ -196,11 +196,11 @@ class RelPositionAttention(nn.Module):
 
     def forward_packed(self, x: Tensor, pos_emb: Tensor, rows: "PackedRows") -> Tensor:
         """The kernel path: x [F, d] packed frames, pos_emb [W + 8, d] (descending, padded: see
-        ``kernels.position_term``) -> [F, d]. The position term is one batched cuBLAS product of every frame against
-        every relative position (the windowed products above, batched over time, measured 2.7x slower
-        on the H100: cuBLAS runs them as many skinny products); a flash-style kernel over each row's
-        own frames reads it along the skewed diagonal (no padded keys, no mask, no [B, H, T, T] bias
-        through SDPA)."""
+        ``kernels.position_term``) -> [F, d]. The position term is one batched cuBLAS product of every
+        frame against every relative position (the windowed products above, batched over time,
+        measured 2.7x slower on the H100: cuBLAS runs them as many skinny products); a flash-style
+        kernel over each row's own frames reads it along the skewed diagonal (no padded keys, no mask,
+        no [B, H, T, T] bias through SDPA)."""
         scale = 1.0 / math.sqrt(self.d_k)
         qkv = self.linear_qkv(x)
         pos = kernels.position_term(qkv, self.pos_bias_v, self.linear_pos(pos_emb), rows.longest, scale)
@@ -355,7 +355,7 @@ class FastConformerEncoder(nn.Module):
         if kernels_can_run(features, dtype, interpreter=True) and self.layers[0].attn.d_k in (16, 32, 64, 128):
             return self._forward_packed(features, lengths, host_lengths)
         x, lengths = self.pre_encode(features.transpose(1, 2), lengths)
-        b, t, d = x.shape
+        t = x.shape[1]
         pos_emb = relative_positions(t, self.cfg.d_model, x.device, x.dtype)
         if self.xscale is not None:
             x = x.mul_(self.xscale)
