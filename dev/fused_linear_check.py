@@ -67,6 +67,10 @@ def timing() -> None:
 
 def main() -> int:
     device = "cpu" if settings.triton_interpreter() else "cuda"
+    if device == "cpu":
+        from decode_attention_check import patch_interpreter_index
+
+        patch_interpreter_index()  # the persistent loop starts at a program id, under NumPy >= 2.4
     if device == "cuda" and not fl.fused_linear_supported(torch.empty(1, 8, device="cuda", dtype=torch.float16),
                                                           torch.empty(16, 8, device="cuda", dtype=torch.float16)):
         print("fused linear kernels not supported on this device")
