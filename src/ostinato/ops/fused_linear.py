@@ -22,15 +22,13 @@ import torch.nn.functional as F
 from .triton_support import HAVE_TRITON, kernels_can_run, tl, triton
 
 if HAVE_TRITON:  # pragma: no cover - depends on the installation
+    from .triton_support import fast_sigmoid
+
+if HAVE_TRITON:  # pragma: no cover - depends on the installation
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError:  # a Triton without host-side tensor descriptors
         TensorDescriptor = None
-
-    @triton.jit
-    def _sigmoid(x):
-        # exp2 and an approximate reciprocal: the result is stored in half precision
-        return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
 
     @triton.jit
     def _tile_origin(tile, num_m, num_n, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
@@ -61,9 +59,9 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
             acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
             if GLU:
                 gate += tl.load(bias_ptr + N + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-                out = acc * _sigmoid(gate)
+                out = acc * fast_sigmoid(gate)
             else:
-                out = acc * _sigmoid(acc)
+                out = acc * fast_sigmoid(acc)
             c_desc.store([om, on], out.to(c_desc.dtype))
 
 CONFIG = {

@@ -53,6 +53,12 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
         gdc_wait()
         gdc_launch_dependents()
 
+    @triton.jit
+    def fast_sigmoid(x):
+        """float32 sigmoid by exp2 and an approximate reciprocal (2 ulp), for epilogues and element-wise
+        passes that are instruction bound and store in half precision."""
+        return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
+
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 

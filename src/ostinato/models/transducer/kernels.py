@@ -24,6 +24,9 @@ import torch
 
 from ...ops.triton_support import HAVE_TRITON, tl, triton  # noqa: F401
 
+if HAVE_TRITON:
+    from ...ops.triton_support import fast_sigmoid
+
 
 if HAVE_TRITON:
 
@@ -36,12 +39,6 @@ if HAVE_TRITON:
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
 
     # -- encoder --------------------------------------------------------------------------------
-    @triton.jit
-    def _fast_sigmoid(x):
-        # exp2 and an approximate reciprocal: the kernel below is instruction bound, and the result is
-        # stored in half precision
-        return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
-
     @triton.jit
     def _glu_dwconv_silu_kernel(x_ptr, w_ptr, b_ptr, start_ptr, len_ptr, out_ptr,
                                 C: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr, BT: tl.constexpr,
@@ -65,12 +62,12 @@ if HAVE_TRITON:
                     ptr = x_ptr + (row0 + src)[:, None] * (2 * C) + cs[None, :]
                     a = tl.load(ptr, mask=ok[:, None], other=0.0).to(tl.float32)
                     g = tl.load(ptr + C, mask=ok[:, None], other=0.0).to(tl.float32)
-                    acc += (a * _fast_sigmoid(g)) * w[None, :]
+                    acc += (a * fast_sigmoid(g)) * w[None, :]
                 else:
                     a = tl.load(x_ptr + (row0 + src)[:, None] * C + cs[None, :], mask=ok[:, None], other=0.0)
                     acc += a.to(tl.float32) * w[None, :]
             acc += tl.load(b_ptr + cs).to(tl.float32)[None, :]
-            y = acc * _fast_sigmoid(acc)
+            y = acc * fast_sigmoid(acc)
             tl.store(out_ptr + (row0 + ts)[:, None] * C + cs[None, :], y.to(out_ptr.dtype.element_ty),
                      mask=(ts < length)[:, None])
 
@@ -438,7 +435,9 @@ def position_term(qkv: torch.Tensor, pos_bias_v: torch.Tensor, pr: torch.Tensor,
     bt = 32
     _position_queries_kernel[(triton.cdiv(f, bt), h)](qkv, pos_bias_v, q_v, scale, f, f8, H=h, DK=dk, BT=bt,
                                                       num_warps=4)
-    margin = -(-(longest + 2 * 128 + 16) // 8) * 8
+    # the kernel's reads for masked keys land at most a key block past the buffer's last row and 8 terms
+    # before its first: the margins cover that with room to spare
+    margin = -(-(longest + 2 * CONFIG["relpos"]["BN"] + 16) // 8) * 8
     flat = torch.empty(2 * margin + 8 * h * f8 * w, device=qkv.device, dtype=qkv.dtype)
     out = flat[margin:margin + 8 * h * f8 * w].view(8, h, f8, w)
     # one batched product over (slot, head): slot 7 - k (class k) reads pr from row 8 - k = slot + 1, at
