@@ -123,6 +123,9 @@ def check_add_layer_norm(m, n, dtype, with_update, mode, device):
         ok &= new_x is x and torch.equal(x, new_ref)
     elif with_update:
         ok &= torch.equal(x, x_before)  # x itself untouched unless asked
+        # the sum normed but not stored: the same norm, x untouched, None in its place
+        unstored, y_only = skinny.add_layer_norm(x, u, w, b, store_residual=False)
+        ok &= unstored is None and torch.equal(y_only, fresh_y) and torch.equal(x, x_before)
     print(f"{time.perf_counter() - t0:5.2f}s add_layer_norm M={m:2d} N={n:5d} {str(dtype)[6:]:8s} "
           f"update={with_update:d} {mode:8s} rel err {err:.2e} vs torch {ulps:.2f} ulp {'ok' if ok else 'FAIL'}")
     return ok

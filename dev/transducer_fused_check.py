@@ -60,12 +60,15 @@ def check_relpos():
     torch.manual_seed(0)
     # several key blocks, a partial last block, a row of one frame, a one-frame input, and short rows
     # beside a long one (most tiles of the position term outside every band: not computed)
-    for h, dk, lengths in ((2, 16, [70, 50]), (2, 32, [129, 1, 64]), (2, 16, [1]), (2, 16, [300, 17, 40, 5, 33])):
+    # (the last with scores spread wide: row maxima that keep growing after the first key block, so the
+    # running sums are rescaled many times over)
+    for h, dk, lengths, gain in ((2, 16, [70, 50], 1), (2, 32, [129, 1, 64], 1), (2, 16, [1], 1),
+                                 (2, 16, [300, 17, 40, 5, 33], 1), (2, 32, [200, 150], 6)):
         b, t, d = len(lengths), max(lengths), h * dk
         att = RelPositionAttention(d, h, True)
         att.pos_bias_u.data.normal_()
         att.pos_bias_v.data.normal_()
-        x = torch.randn(b, t, d)
+        x = torch.randn(b, t, d) * torch.linspace(1, gain, t)[None, :, None]  # later keys larger
         pe = relative_positions(t, d, "cpu", torch.float32)
         lengths = torch.tensor(lengths)
         kb = torch.zeros(b, t).masked_fill_(torch.arange(t)[None] >= lengths[:, None], -10000.0)

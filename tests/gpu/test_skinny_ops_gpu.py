@@ -111,6 +111,12 @@ def test_add_layer_norm_matches(m, dtype):
     new_x, y4, z = skinny.add_layer_norm(x, u, w, b, out_residual=x, alpha=0.5, then=(w2, b2, 1e-6))
     assert torch.equal(x, before.add_(u, alpha=0.5)) and torch.equal(y4, skinny.add_layer_norm(x, None, w, b)[1])
     assert torch.equal(z, skinny.add_layer_norm(y4, None, w2, b2, 1e-6)[1])
+    # the sum not stored (only its norms wanted): the same norms, x untouched
+    before = x.clone()
+    none, y5, z2 = skinny.add_layer_norm(x, u, w, b, alpha=0.5, then=(w2, b2, 1e-6), store_residual=False)
+    assert none is None and torch.equal(x, before)
+    assert torch.equal(y5, skinny.add_layer_norm(before.add_(u, alpha=0.5), None, w, b)[1])
+    assert torch.equal(z2, skinny.add_layer_norm(y5, None, w2, b2, 1e-6)[1])
 
 
 def test_first_calls_do_not_sync():

@@ -234,10 +234,11 @@ if HAVE_TRITON:
     def _add_layer_norm_kernel(x_ptr, u_ptr, w_ptr, b_ptr, nx_ptr, y_ptr, N, eps, alpha, sxm, sum_, snm, sym,
                                w2_ptr, b2_ptr, z_ptr, eps2, szm,
                                BLOCK: tl.constexpr, HAS_U: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                               HAS_Z: tl.constexpr, PDL: tl.constexpr):
+                               HAS_Z: tl.constexpr, PDL: tl.constexpr, STORE_X: tl.constexpr = True):
         """Row r: new_x = x + alpha * u rounded to the dtype (what the unfused ``x.add_(u, alpha=alpha)``
-        stores, and what the next layer adds to), then LayerNorm of that rounded row in float32; with
-        HAS_Z also a second LayerNorm (w2, b2, eps2) of the first one's rounded output, into z."""
+        stores, and what the next layer adds to; stored unless STORE_X is off), then LayerNorm of that
+        rounded row in float32; with HAS_Z also a second LayerNorm (w2, b2, eps2) of the first one's
+        rounded output, into z."""
         if PDL:
             pdl_enter()
         row = tl.program_id(0).to(tl.int64)
@@ -249,7 +250,8 @@ if HAVE_TRITON:
             # equals the correctly rounded sum that PyTorch stores
             u = tl.load(u_ptr + row * sum_ + cols, mask=ok, other=0.0)
             x = (x.to(tl.float32) + alpha * u.to(tl.float32)).to(nx_ptr.dtype.element_ty)
-            tl.store(nx_ptr + row * snm + cols, x, mask=ok)
+            if STORE_X:
+                tl.store(nx_ptr + row * snm + cols, x, mask=ok)
         y = _norm_row(x.to(tl.float32), ok, N, eps, w_ptr, b_ptr, cols, HAS_W, HAS_B).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * sym + cols, y, mask=ok)
         if HAS_Z:
@@ -275,7 +277,8 @@ def _rows(t: torch.Tensor, name: str, writable: bool = False) -> torch.Tensor:
 
 def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight: torch.Tensor | None,
                    bias: torch.Tensor | None, eps: float = 1e-5, *, out_residual: torch.Tensor | None = None,
-                   out: torch.Tensor | None = None, alpha: float = 1.0, then: tuple | None = None):
+                   out: torch.Tensor | None = None, alpha: float = 1.0, then: tuple | None = None,
+                   store_residual: bool = True):
     """(new_x, LayerNorm(new_x)) with new_x = x + alpha * residual_update, in one launch.
 
     x, residual_update [..., N] (any row strides, contiguous last dimension), same dtype; weight and
@@ -284,7 +287,8 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
     new_x (pass ``x`` itself to update it in place), ``out`` the norm. With ``residual_update=None`` it
     is a plain LayerNorm and new_x is ``x``. ``then=(weight2, bias2, eps2)`` (both or neither of the
     weights given, as for the first): a second LayerNorm of the stored norm, returned third (the next
-    layer's first norm, without reading the row again).
+    layer's first norm, without reading the row again). ``store_residual=False``: new_x is not
+    stored and None is returned in its place (when only its norm is wanted).
     """
     n = x.shape[-1]
     if residual_update is not None and (residual_update.shape != x.shape or residual_update.dtype != x.dtype):
@@ -298,9 +302,12 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
         nx2 = u2 = x2  # unused
     else:
         u2 = _rows(residual_update, "residual_update")
-        nx = torch.empty_like(x, memory_format=torch.contiguous_format) if out_residual is None else out_residual
-        nx2 = _rows(nx, "out_residual", writable=True)
-    if y.shape != x.shape or nx.shape != x.shape:
+        if not store_residual:
+            nx, nx2 = None, x2  # never written
+        else:
+            nx = torch.empty_like(x, memory_format=torch.contiguous_format) if out_residual is None else out_residual
+            nx2 = _rows(nx, "out_residual", writable=True)
+    if y.shape != x.shape or (nx is not None and nx.shape != x.shape):
         raise ValueError(f"add_layer_norm: outputs must have x's shape {tuple(x.shape)}")
     z = z2 = None
     w2 = b2 = None
@@ -318,7 +325,7 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
         w2 if w2 is not None else x2, b2 if b2 is not None else x2, z2 if z2 is not None else y2, float(eps2),
         z2.stride(0) if z2 is not None else 0, BLOCK=block,
         HAS_U=residual_update is not None, HAS_W=weight is not None, HAS_B=bias is not None, HAS_Z=then is not None,
-        num_warps=max(1, min(8, block // 256)), **pdl_options(x.device, x2.shape[0]))  # ~8 elements per thread
+        STORE_X=store_residual, num_warps=max(1, min(8, block // 256)), **pdl_options(x.device, x2.shape[0]))  # ~8 elements per thread
     return (nx, y) if then is None else (nx, y, z)
 
 

@@ -53,11 +53,27 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
         gdc_wait()
         gdc_launch_dependents()
 
+    if settings.triton_interpreter():
+        @triton.jit
+        def _tanh_half(y):
+            """The CPU interpreter's stand-in for the GPU's tanh.approx.f16x2 (no inline PTX there):
+            tanh of a half-precision argument, rounded to half precision."""
+            return (1.0 - 2.0 / (1.0 + tl.exp2(y.to(tl.float32) * 2.8853900817779268))).to(tl.float16)
+    else:
+        @triton.jit
+        def _tanh_half(y):
+            """tanh of half-precision values, two per special-function-unit instruction."""
+            return tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [y], dtype=tl.float16,
+                                             is_pure=True, pack=2)
+
     @triton.jit
     def fast_sigmoid(x):
-        """float32 sigmoid by exp2 and an approximate reciprocal (2 ulp), for epilogues and element-wise
-        passes that are instruction bound and store in half precision."""
-        return tl.fdiv(1.0, 1.0 + tl.exp2(x * -1.4426950408889634), ieee_rounding=False)
+        """float32 sigmoid(x) = (1 + tanh(x / 2)) / 2 with a half-precision tanh (sm_75 and newer, as
+        Triton itself needs): absolute error about 2^-12, for epilogues and element-wise passes that
+        store in half precision. One special-function instruction per two values where exp2 and a
+        reciprocal took two per value (2 ulp): the feed-forward's first linear with swish in its
+        epilogue (52,400 x 1024 -> 4096, float16) went from 728 to 683 us on an H100."""
+        return 0.5 + 0.5 * _tanh_half((x * 0.5).to(tl.float16)).to(tl.float32)
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)

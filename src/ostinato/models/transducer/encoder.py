@@ -300,13 +300,14 @@ class ConformerLayer(nn.Module):
                                    (lambda h: self.attn.forward_packed(h, pos_emb, rows), 1.0, self.norm_conv),
                                    (lambda h: self.conv.forward_packed(h, rows), 1.0, self.norm_ff2)):
             x, h = skinny.add_layer_norm(x, block(h), norm.weight, norm.bias, norm.eps, out_residual=x, alpha=alpha)
+        # the last add's sum is only normed (the norm is the layer's output): it is not stored
         norm = self.norm_out
         if next_norm is None:
             return skinny.add_layer_norm(x, self.ff2.forward_packed(h), norm.weight, norm.bias, norm.eps,
-                                         out_residual=x, alpha=0.5)[1], None
+                                         alpha=0.5, store_residual=False)[1], None
         _, out, h = skinny.add_layer_norm(x, self.ff2.forward_packed(h), norm.weight, norm.bias, norm.eps,
-                                          out_residual=x, alpha=0.5,
-                                          then=(next_norm.weight, next_norm.bias, next_norm.eps))
+                                          alpha=0.5, then=(next_norm.weight, next_norm.bias, next_norm.eps),
+                                          store_residual=False)
         return out, h
 
 

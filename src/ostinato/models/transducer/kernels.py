@@ -168,7 +168,8 @@ if HAVE_TRITON:
     def _relpos_attention_kernel(qkv_ptr, u_ptr, pos_ptr, start_ptr, len_ptr, out_ptr, scale, W, c, F8,
                                  H: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
         """Relative-position attention of one (query block, head, row), flash style, over the row's own
-        frames: out_i = softmax_j(((q_i + u) . k_j) * scale + pos_term(i, j)) v_j.
+        frames: out_i = softmax_j(((q_i + u) . k_j) * scale + pos_term(i, j)) v_j (the scores kept in
+        base-2 units: the position term comes times log2 e).
 
         q, k, v: the row's frames of the packed [F, 3 * H * DK] projection. ``pos`` [8, H, F8, W] is
         ``position_term``'s product: frame f = 8m + k's term for distance i - j sits at
@@ -204,15 +205,19 @@ if HAVE_TRITON:
                 kok = (j >= 0) & (j < n)
                 kv = row + j[:, None] * (3 * D) + ks[None, :]
                 k_ = tl.load(kv + D, mask=kok[:, None], other=0.0)
-                s = tl.dot(q, tl.trans(k_)) * scale
                 # no key mask on this load (it would split the vectors): masked keys read terms of
                 # neighbouring frames or the buffer's margins, and score -inf below
                 lowest = tl.multiple_of(pos_rows + jt, 8)
+                # scores in base-2 units (the position term comes times log2 e): exp2 takes them as they are
+                s = tl.dot(q, tl.trans(k_)) * (scale * 1.4426950408889634)
                 s += tl.load(pos_ptr + lowest[:, None] + cols[None, :], mask=qok[:, None], other=0.0).to(tl.float32)
-                s = tl.where(kok[None, :], s, float("-inf"))
+                if (jt < 0) | (jt + BN > n):  # only the first and last key blocks hold keys outside the row
+                    s = tl.where(kok[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
-                p = tl.exp2((s - m_new[:, None]) * 1.4426950408889634)
+                # (rescaling only when a row's maximum grows by more than 2^8, as FlashAttention-3 does,
+                # measured 12% slower here: the block-wide test costs more than the rescale it skips)
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 v = tl.load(kv + 2 * D, mask=kok[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -414,7 +419,8 @@ def subsample_depthwise(x: torch.Tensor, lengths: torch.Tensor, depthwise) -> to
 
 
 def position_term(qkv: torch.Tensor, pos_bias_v: torch.Tensor, pr: torch.Tensor, longest: int, scale: float):
-    """The position term of every frame against every relative position, for ``relpos_attention``.
+    """The position term of every frame against every relative position, for ``relpos_attention``,
+    times log2 e (the attention's scores are in base-2 units).
 
     qkv [F, 3 * H * DK] packed frames; pr [W + 8, H * DK] the position projections in descending order,
     padded: zero rows, then distances T-1 .. -(T-1) (T = ``longest``), then 8 zero rows (W a multiple
@@ -423,18 +429,19 @@ def position_term(qkv: torch.Tensor, pos_bias_v: torch.Tensor, pr: torch.Tensor,
     out[7 - k, h, m, s] = ((q + v) * scale)[8m + k, h] . pr[s + 8 - k, h]. Frame f's term against key j
     is then at s = W - 9 - c + k - i + j (i its position in its row, c = T - 1): ascending in j, and
     at the same address modulo 8 in every frame of a row (the attention kernel reads it as aligned
-    vectors; unaligned, it measured 1.9x slower). One cuBLAS product, write-bound (a Triton kernel
-    computing only the tiles inside each frame's band of needed distances measured 1.3x slower on
-    the H100). Returns the [8, H, F8, W] view of a buffer with margins before and after it, which
-    the kernel may read for masked keys."""
+    vectors; unaligned, it measured 1.9x slower). One cuBLAS product, write-bound (Triton kernels
+    computing only the tiles inside each frame's band of needed distances measured 1.3x slower, and
+    with TMA stores 11% faster alone but no faster inside the encoder, on the H100). Returns the
+    [8, H, F8, W] view of a buffer with margins before and after it, which the kernel may read for
+    masked keys."""
     h, dk = pos_bias_v.shape
     f = qkv.shape[0]
     f8 = -(-f // 8)
     w = pr.shape[0] - 8
     q_v = torch.empty(8, h, f8, dk, device=qkv.device, dtype=qkv.dtype)
     bt = 32
-    _position_queries_kernel[(triton.cdiv(f, bt), h)](qkv, pos_bias_v, q_v, scale, f, f8, H=h, DK=dk, BT=bt,
-                                                      num_warps=4)
+    _position_queries_kernel[(triton.cdiv(f, bt), h)](qkv, pos_bias_v, q_v, scale * 1.4426950408889634, f, f8, H=h,
+                                                      DK=dk, BT=bt, num_warps=4)
     # the kernel's reads for masked keys land at most a key block past the buffer's last row and 8 terms
     # before its first: the margins cover that with room to spare
     margin = -(-(longest + 2 * CONFIG["relpos"]["BN"] + 16) // 8) * 8

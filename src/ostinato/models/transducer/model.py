@@ -198,12 +198,11 @@ class TransducerModel:
             return self._preprocess(self._upload(audios), sizes)
         out = lengths = None
         finite = torch.ones(len(audios), dtype=torch.bool, device=self.device)
-        for rows in calls:
+        for rows, index in zip(calls, self._device_indices(calls)):
             feats, feat_len, ok = self._preprocess(self._upload([audios[i] for i in rows]), [sizes[i] for i in rows])
             if out is None:  # the first call has the longest rows: its width is the batch's
                 out = feats.new_full((len(audios),) + feats.shape[1:], self.config.preprocessor.pad_value)
                 lengths = feat_len.new_zeros(len(audios))
-            index = torch.tensor(rows, device=self.device)
             out[index, :, : feats.shape[-1]] = feats
             lengths[index] = feat_len
             finite[index] = ok
@@ -253,13 +252,14 @@ class TransducerModel:
         long_rows = [i for i, n in enumerate(host) if n > self.max_full_context_frames]
         with strict_float32(self.device, self.dtype):
             if not long_rows:
-                return self._encode_grouped(features, lengths)
+                return self._encode_grouped(features, lengths, host)
             outs = dict(zip(long_rows, self._encode_windowed(features, [(i, host[i]) for i in long_rows])))
             short_rows = [i for i in range(len(host)) if i not in outs]
             if short_rows:
                 width = max(host[i] for i in short_rows)
-                index = torch.tensor(short_rows, device=self.device)
-                enc, enc_len = self._encode_grouped(features[index, :, :width], lengths.to(self.device)[index])
+                index = self._device_indices([short_rows])[0]
+                enc, enc_len = self._encode_grouped(features[index, :, :width], lengths.to(self.device)[index],
+                                                    [host[i] for i in short_rows])
                 for j, i in enumerate(short_rows):
                     outs[i] = enc[j, : int(enc_len[j])]
         width = max(out.shape[0] for out in outs.values())
@@ -319,11 +319,19 @@ class TransducerModel:
         width = max(out.shape[1] for _, out, _ in outs)
         enc = outs[0][1].new_zeros(batch, width, outs[0][1].shape[-1])
         enc_len = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        for rows, out, out_len in outs:
-            index = torch.tensor(rows, device=self.device)
+        for (_, out, out_len), index in zip(outs, self._device_indices([rows for rows, _, _ in outs])):
             enc[index, : out.shape[1]] = out
             enc_len[index] = out_len
         return enc, enc_len
+
+    def _device_indices(self, groups: List[List[int]]) -> List[Tensor]:
+        """Each group's row numbers as a device tensor, all from one pinned, non-blocking copy (a copy
+        from pageable memory makes the host wait for the device: the GPU then idles while the next
+        group's first kernels are launched)."""
+        flat = torch.tensor([i for rows in groups for i in rows], dtype=torch.int64)
+        if self.device.type == "cuda":
+            flat = flat.pin_memory()
+        return list(flat.to(self.device, non_blocking=True).split([len(rows) for rows in groups]))
 
     # a group's fixed cost, in encoder frames: launches, and small products that fill the GPU less
     group_overhead_frames = 2000
@@ -360,17 +368,16 @@ class TransducerModel:
             j = cut[j]
         return groups[::-1]
 
-    def _encode_grouped(self, features: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
-        """The encoder over length groups (rows are independent: padding only costs time)."""
-        host = [int(n) for n in lengths.tolist()]
+    def _encode_grouped(self, features: Tensor, lengths: Tensor, host: List[int]) -> Tuple[Tensor, Tensor]:
+        """The encoder over length groups (rows are independent: padding only costs time); ``host``: the
+        lengths on the host."""
         lengths = lengths.to(self.device)
         groups = self._length_groups(host)
         if len(groups) == 1:
             return self.network.encoder(features[:, :, : max(1, max(host))], lengths, host_lengths=host)
         outs = []
-        for rows in groups:
+        for rows, index in zip(groups, self._device_indices(groups)):
             width = max(1, max(host[i] for i in rows))
-            index = torch.tensor(rows, device=self.device)
             out, out_len = self.network.encoder(features[index, :, :width], lengths[index],
                                                 host_lengths=[host[i] for i in rows])
             outs.append((rows, out, out_len))
