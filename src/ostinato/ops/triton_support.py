@@ -53,11 +53,11 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
         gdc_wait()
         gdc_launch_dependents()
 
-    if settings.triton_interpreter():
+    if settings.triton_interpreter() or torch.version.hip:
         @triton.jit
         def _tanh_half(y):
-            """The CPU interpreter's stand-in for the GPU's tanh.approx.f16x2 (no inline PTX there):
-            tanh of a half-precision argument, rounded to half precision."""
+            """Where there is no inline PTX (the CPU interpreter, ROCm), the stand-in for NVIDIA's
+            tanh.approx.f16x2: tanh of a half-precision argument, rounded to half precision."""
             return (1.0 - 2.0 / (1.0 + tl.exp2(y.to(tl.float32) * 2.8853900817779268))).to(tl.float16)
     else:
         @triton.jit
