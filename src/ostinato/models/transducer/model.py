@@ -325,13 +325,10 @@ class TransducerModel:
         return enc, enc_len
 
     def _device_indices(self, groups: List[List[int]]) -> List[Tensor]:
-        """Each group's row numbers as a device tensor, all from one pinned, non-blocking copy (a copy
-        from pageable memory makes the host wait for the device: the GPU then idles while the next
-        group's first kernels are launched)."""
-        flat = torch.tensor([i for rows in groups for i in rows], dtype=torch.int64)
-        if self.device.type == "cuda":
-            flat = flat.pin_memory()
-        return list(flat.to(self.device, non_blocking=True).split([len(rows) for rows in groups]))
+        """Each group's row numbers as a device tensor, all from one copy that does not wait for the
+        device (else the GPU idles while the next group's first kernels are launched)."""
+        flat = host_values_to_device([i for rows in groups for i in rows], self.device)
+        return list(flat.split([len(rows) for rows in groups]))
 
     # a group's fixed cost, in encoder frames: launches, and small products that fill the GPU less
     group_overhead_frames = 2000
