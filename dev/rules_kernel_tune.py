@@ -6,31 +6,16 @@ One captured launch of ``fused_greedy_choice`` per configuration, replayed, medi
 at batch 1 and 16 on random rule states (dev/rules_kernel_check.make_case); also whether each
 configuration picks the same tokens as PyTorch's ops (dev/rules_kernel_check.reference). Prints one line per (batch, warps, block).
 """
-import statistics
-
 import torch
 
 from rules_kernel_check import LAYOUTS, make_case, reference, rule_args  # noqa: E402
 
 from ostinato.models.whisper import rules_kernel as rk  # noqa: E402
+from ostinato.testing.measure import replay_median_us  # noqa: E402
 
 
 def timed(fn, replays=200, repeats=5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    return statistics.median(times)
+    return replay_median_us(fn, fn, repeats, replays)
 
 
 def main() -> None:

@@ -28,9 +28,10 @@ def median_seconds(fn, repeats: int, device) -> tuple:
     return statistics.median(times), result
 
 
-def replay_median_us(warm, body, reps: int) -> float:
-    """Median microseconds of one replay of a graph captured from ``body()``; ``warm()`` runs first,
-    outside the capture (compiles, first-call work)."""
+def replay_median_us(warm, body, reps: int, replays: int = 1) -> float:
+    """Median microseconds of one replay of a graph captured from ``body()``, over ``reps`` timings of
+    ``replays`` back-to-back replays each; ``warm()`` runs first, outside the capture (compiles,
+    first-call work)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -43,10 +44,11 @@ def replay_median_us(warm, body, reps: int) -> float:
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        times.append(start.elapsed_time(end) * 1e3 / replays)
     del graph
     return sorted(times)[len(times) // 2]
 
