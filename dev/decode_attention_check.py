@@ -7,7 +7,8 @@ Inputs are views of bigger cache buffers (two layouts), keys past each row's len
 the output buffer starts as NaN (so every element must be written); without lengths, query rows in
 groups of 3 on one K/V row (beams) too: in float32 equal bit for bit to each row on its own copy, in half
 precision (the tensor-core kernel) a window the same bits alone as among the others; and the tokens of
-one sequence on one K/V row (a prefill), and K/V rows named by ``kv_rows`` (the bits of k[kv_rows]). The interpreter runs a small
+one sequence on one K/V row (a prefill), and K/V rows named by ``kv_rows`` (the bits of k[kv_rows]);
+grouped-query attention as a language model's step runs it (``gqa_decode_attention``). The interpreter runs a small
 set (bfloat16 only on a GPU: the interpreter computes through numpy, which has no bfloat16).
 Prints one line per case (the worst row's ||out - ref|| / ||ref||) and ends with ``decode attention == reference: True`` (exit 1 otherwise).
 SEED=n repeats a run.
@@ -144,6 +145,39 @@ def check_one_sequence(k, v, dtype):
     return err < TOLERANCE[dtype], err
 
 
+def check_gqa(b, kv_heads, group, seq, dim, dtype, device):
+    """gqa_decode_attention (a language model's step: query head j reads K/V head j // group, each
+    row up to its length, garbage past it, the cache a strided view) against float64 attention over
+    the K/V heads repeated; a row alone gives the same bits as among the others; the custom
+    operator the same bits as the function."""
+    q_heads = kv_heads * group
+    _, k, v, lengths = make_case(b, kv_heads, seq, dim, dtype, "edges", "bshd", device)
+    q = (torch.randn(b, q_heads, dim, device=device) * torch.rand(b, q_heads, 1, device=device) * 3).to(dtype)
+    got = da.gqa_decode_attention(q, k, v, lengths)
+    ref = reference(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), lengths, dim ** -0.5)
+    err = ((got.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+    alone = da.gqa_decode_attention(q[-1:], k[-1:], v[-1:], lengths[-1:])
+    op = da.gqa_decode_attention_op(q, k, v, lengths, dim ** -0.5)
+    ok = (err < TOLERANCE[dtype] and not torch.isnan(got).any().item() and torch.equal(alone, got[-1:])
+          and torch.equal(op, got))
+    splits, _ = da.split_plan(seq, kv_heads, da._sm_count(device), da.GROUPED_PROGRAMS_PER_SM, da.GQA_MIN_CHUNK,
+                              da.GROUPED_BLOCK_N * 128 // max(dim, 128))
+    print(f"GQA B={b} H={q_heads}/{kv_heads} S={seq} D={dim} {str(dtype)[6:]:8s} splits={splits:2d} "
+          f"lengths={lengths.tolist()} rel err (worst row) {err:.2e} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def gqa_cases(on_gpu):
+    """(B, K/V heads, group, S, D, dtype): half precision only (the tensor-core kernel)."""
+    out = [(3, 2, 4, 300, 64, torch.float16), (2, 1, 3, 700, 128, torch.float16),
+           (2, 2, 2, 300, 256, torch.float16)]
+    if on_gpu:  # the released shapes: Qwen3-8B, Qwen3.5-2B / 35B-A3B's attention
+        for dtype in (torch.float16, torch.bfloat16):
+            out += [(4, 8, 4, 640, 128, dtype), (3, 8, 4, 5000, 128, dtype), (4, 2, 4, 640, 256, dtype),
+                    (2, 2, 8, 3000, 256, dtype)]
+    return out
+
+
 def cases(on_gpu):
     """(B, H, S, D, dtype, lengths_kind, layout)."""
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
@@ -216,6 +250,8 @@ def main() -> int:
         lens = "all" if lengths is None else lengths.tolist()
         print(f"B={b} H={h} S={seq} D={dim} {str(dtype)[6:]:8s} {layout} splits={splits:2d} lengths={lens} "
               f"rel err (worst row) {err:.2e} {'ok' if ok else 'FAIL'}")
+    for case in gqa_cases(on_gpu):
+        ok_all &= check_gqa(*case, device)
     print(f"{time.perf_counter() - start:.1f} s")
     print(f"decode attention == reference: {ok_all}")
     return 0 if ok_all else 1

@@ -6,7 +6,8 @@
 Inputs are strided views (rows of wider buffers, some with leading dims), outputs start as NaN so every
 element must be written, and a second call without ``out`` must give identical values (the split-K
 sum is deterministic), and rows computed together (several row blocks, K chunks in groups) equal the
-same rows a few at a time, bit for bit. The interpreter runs small shapes in float32 and float16
+same rows a few at a time, bit for bit; a language model's decode-step folds (RMSNorm on load,
+SwiGLU, residual add with square sums) against the unfused ops. The interpreter runs small shapes in float32 and float16
 (bfloat16 and the large-v3 sizes only on a GPU: numpy has no bfloat16, and the interpreter is slow).
 Prints one line
 per case and ends with ``skinny ops == reference: True`` (exit 1 otherwise). SEED=n repeats a run.
@@ -34,6 +35,37 @@ def strided(shape, dtype, device, lead=False):
     m, c = shape
     t = torch.randn(m, c + 7, device=device).to(dtype)[:, :c]
     return t.unsqueeze(1) if lead else t
+
+
+def check_decode_fusions(m, n, k, dtype, device, parts=4):
+    """A language model's decode-step folds (``linear_op``): RMSNorm on load from per-row square sums
+    given in ``parts`` pieces (both rounding conventions), SwiGLU of the input's halves, the residual
+    add with the output's square sums, against float64 products of the unfused ops
+    (``models.llm.fusion``, which define the numbers); the operator gives the function's bits."""
+    from ostinato.models.llm import fusion
+
+    x = strided((m, k), dtype, device)
+    w = (torch.randn(n, k, device=device) / k ** 0.5).to(dtype)
+    norm_w = (torch.rand(k, device=device) + 0.5).to(dtype)
+    square_sums = x.float().pow(2).view(m, parts, k // parts).sum(-1).contiguous()
+    ok, err = True, 0.0
+    for zero_centered in (False, True):
+        got = skinny.linear_op(x, w, None, square_sums, norm_w, 1e-6, zero_centered)[0]
+        ref = fusion.rms_norm(x, norm_w, 1e-6, zero_centered).double() @ w.double().T
+        e = rel_err(got, ref)
+        ok &= e < TOLERANCE[dtype] * 2 and not torch.isnan(got).any().item()  # a norm rounding apart at most
+        err = max(err, e)
+    both = strided((m, 2 * k), dtype, device)
+    residual = strided((m, n), dtype, device)
+    got, sums = skinny.linear_op(both, w, residual, None, None, 0.0, False, True, True)
+    ref = fusion.swiglu(both).double() @ w.double().T + residual.double()
+    e = rel_err(got, ref)
+    want_sums = got.double().pow(2).view(m, -1, skinny.BLOCK_N).sum(-1) if n % skinny.BLOCK_N == 0 else None
+    ok &= e < TOLERANCE[dtype] and (want_sums is None or torch.allclose(sums.double(), want_sums, rtol=1e-5))
+    ok &= torch.equal(got, skinny.linear(both, w, residual=residual, swiglu=True, one_wave=True))
+    err = max(err, e)
+    print(f"decode folds M={m} N={n} K={k} {str(dtype)[6:]:8s} rel err {err:.2e} {'ok' if ok else 'FAIL'}")
+    return ok
 
 
 def check_linear(m, n, k, dtype, flags, device, in_place=False, twice=True):
@@ -171,6 +203,9 @@ def main() -> int:
         for n, m in ((384, 1), (384, 17), (1280, 3), (1280, 17), (77, 1), (77, 3)) + (((1280, 64),) if on_gpu else ()):
             for with_update, mode in ((True, "new"), (True, "poison"), (True, "in-place"), (False, "poison")):
                 ok_all &= check_add_layer_norm(m, n, dtype, with_update, mode, device)
+    for dtype in [d for d in dtypes if d != torch.float32]:  # the decode step's folds: half precision only
+        for m, n, k in ((1, 384, 1536), (3, 128, 512)) + (((1, 4096, 4096), (16, 6144, 4096)) if on_gpu else ()):
+            ok_all &= check_decode_fusions(m, n, k, dtype, device)
     print(f"{time.perf_counter() - start:.1f} s")
     print(f"skinny ops == reference: {ok_all}")
     return 0 if ok_all else 1

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from .config import LLMConfig, rope_inverse_frequencies
-from .layers import DecoderLayer, RMSNorm, grouped_mm_available, rotary_tables
+from ...ops import skinny
+from .layers import DecoderLayer, Normed, RMSNorm, grouped_mm_available, project_normed, rotary_tables
 
 
 class _Body(nn.Module):
@@ -85,27 +86,23 @@ class DecoderNet(nn.Module):
                 h = layer.linear_attn.prefill(h, state[f"conv{i}"], state[f"rec{i}"], rows)
             else:
                 h = layer.self_attn.prefill(h, cos, sin, state[f"k{i}"], state[f"v{i}"], rows, start)
-            x = layer._mlp(x, h, graph_safe=False)
+            x = layer._mlp(x, h)
         return self.model.norm(x)
 
     def decode(self, tokens: Tensor, positions: Tensor, state, rows: int) -> Tensor:
         """One token for each of the first ``rows`` rows at ``positions``: float32 logits [rows, V].
-        Graph-safe: fixed shapes, no host sync."""
+        Graph-safe: fixed shapes, no host sync. Where the skinny products run, each carries the
+        residual stream's square sums to the next, which applies its RMSNorm on load."""
         x = self.model.embed_tokens(tokens)
         cos, sin = rotary_tables(positions, self.inv_freq, x.dtype)
+        square_sums = x.float().pow(2).sum(-1, keepdim=True) if skinny.op_can_run(x, self.lm_head.weight) else None
         visible = None
         for i, layer in enumerate(self.model.layers):
-            h = layer.input_layernorm(x)
-            if layer.linear:
-                h = layer.linear_attn.decode(h, state[f"conv{i}"][:rows], state[f"rec{i}"][:rows])
-            else:
-                cache_k, cache_v = state[f"k{i}"][:rows], state[f"v{i}"][:rows]
-                if visible is None:
-                    span = torch.arange(cache_k.shape[2], device=tokens.device)
-                    visible = span[None, :] <= positions[:, None]
-                h = layer.self_attn.decode(h, cos, sin, cache_k, cache_v, positions, visible)
-            x = layer._mlp(x, h, graph_safe=True)
-        return self.logits(self.model.norm(x))
+            if not layer.linear and visible is None:
+                span = torch.arange(state[f"k{i}"].shape[2], device=tokens.device)
+                visible = span[None, :] <= positions[:, None]
+            x, square_sums = layer.decode(x, square_sums, cos, sin, state, i, rows, positions, visible)
+        return project_normed(Normed(x, square_sums, self.model.norm), self.lm_head.weight).float()
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden).float()
