@@ -15,6 +15,10 @@ on an H100, 192 per large-v3 step). With many rows (a beam step of 16 windows: 8
 takes several consecutive chunks, so the launch stays one wave; the sum's order stays the one-row
 plan's, so a row's bits never depend on the others (``linear_plan``).
 ``add_layer_norm`` folds the residual add into the following LayerNorm: one program per row.
+A language model's decode step (``linear_op``) folds more into the products themselves: the
+residual add and the output's per-block square sums in the epilogue, and the next product's RMSNorm
+(or SwiGLU of its input's halves) applied to each x tile as it is loaded, so that no norm kernel
+runs between them.
 
 Launch parameters depend only on shapes and the SM count (no autotuning, no host synchronisation),
 so both run while the caller forbids syncs and can be captured in CUDA graphs. Only CUDA runs them
@@ -485,7 +489,7 @@ OP_MAX_ROWS = ROW_BLOCK  # rows up to which ``linear_op`` serves a caller: one r
 
 def op_can_run(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """``linear_op`` serves this product: Triton on CUDA, one half dtype, at most ``OP_MAX_ROWS`` rows."""
-    return (kernels_can_run(x, x.dtype) and weight.dtype == x.dtype and weight.dim() == 2
+    return (kernels_can_run(x, x.dtype, interpreter=True) and weight.dtype == x.dtype and weight.dim() == 2
             and weight.stride(-1) == 1 and x.numel() // x.shape[-1] <= OP_MAX_ROWS)
 
 
