@@ -16,24 +16,12 @@ from pathlib import Path
 import torch
 
 from ostinato import LanguageModel
-from ostinato.ops import decode_attention, skinny
-from ostinato.runtime import DeviceState
+from ostinato.ops import skinny
+from ostinato.testing.llm_decode import step_logits, unfused_decode
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "llm"
 NAMES = ["qwen3", "llama", "qwen3_5", "qwen3_next"]  # dense MLPs: the MoE's routing may flip on a near-tie
 TOLERANCE = {torch.float16: 0.01, torch.bfloat16: 0.03}  # worst |difference| / largest |logit|
-
-
-def logits(net, device, rows=3, steps=4):
-    state = DeviceState(device)
-    for key, (shape, dtype) in net.state_spec(rows, 64).items():
-        state.allocate(key, shape, dtype)
-    g = torch.Generator().manual_seed(7)
-    out = []
-    for step in range(steps):
-        tokens = torch.randint(3, 320, (rows,), generator=g).to(device)
-        out.append(net.decode(tokens, torch.arange(rows, device=device) + step, state, rows))
-    return torch.stack(out).double()
 
 
 def main() -> int:
@@ -53,14 +41,9 @@ def main() -> int:
             if not skinny.op_can_run(x, net.lm_head.weight):
                 print(f"{name}: the fused path does not run here")
                 return 2
-            fused = logits(net, device)
-            can_run, gqa = skinny.op_can_run, decode_attention.gqa_can_run
-            skinny.op_can_run = lambda x, w: False
-            decode_attention.gqa_can_run = lambda q, k: False
-            try:
-                plain = logits(net, device)
-            finally:
-                skinny.op_can_run, decode_attention.gqa_can_run = can_run, gqa
+            fused = step_logits(net, device)
+            with unfused_decode():
+                plain = step_logits(net, device)
             worst = (fused - plain).abs().max().item() / plain.abs().max().item()
             agree = (fused.argmax(-1) == plain.argmax(-1)).double().mean().item()
             ok = worst <= TOLERANCE[dtype] and agree >= 0.9 and not torch.isnan(fused).any().item()

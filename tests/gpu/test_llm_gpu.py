@@ -136,30 +136,14 @@ def test_compiled_prefill_chains_match_the_eager_ops_at_every_length(dtype, capl
     assert counters["stats"]["unique_graphs"] > graphs  # they did compile (once each, any length)
 
 
-def _decode_logits(net, steps=4, rows=3):
-    """Logits of ``steps`` decode steps of ``rows`` rows from an empty cache, fed fixed tokens (so
-    that one path's near-tie does not change the other steps' inputs)."""
-    from ostinato.runtime import DeviceState
-
-    state = DeviceState(torch.device("cuda"))
-    for key, (shape, dtype) in net.state_spec(rows, 64).items():
-        state.allocate(key, shape, dtype)
-    g = torch.Generator().manual_seed(7)
-    out = []
-    for step in range(steps):
-        tokens = torch.randint(3, 320, (rows,), generator=g).cuda()
-        out.append(net.decode(tokens, torch.arange(rows, device="cuda") + step, state, rows))
-    return torch.stack(out).double()
-
-
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])  # Qwen3's norms; the hybrid's zero-centred ones, gated attention
-def test_half_precision_decode_on_the_fused_kernels(name, monkeypatch):
+def test_half_precision_decode_on_the_fused_kernels(name):
     """bfloat16 decode runs its projections on the skinny kernel (RMSNorm, SwiGLU and residual adds
     folded in) and attention on the grouped-query kernel: the device loop gives the tokens of the
     same compiled step run eagerly, and the fused step's logits are those of PyTorch's norms,
     matmuls and attention within bfloat16 rounding, with the same greedy choice nearly everywhere
     (a near-tie may flip)."""
-    from ostinato.ops import decode_attention, skinny
+    from ostinato.testing.llm_decode import step_logits, unfused_decode
 
     path = os.path.join(DATA, name)
     batch = prompts(6, seed=3)
@@ -170,10 +154,9 @@ def test_half_precision_decode_on_the_fused_kernels(name, monkeypatch):
         tokens[loop] = [list(g) for g in model.generate(batch, max_new_tokens=12)]
     assert tokens["auto"] == tokens["eager"]
     net = model.net
-    fused = _decode_logits(net)
-    monkeypatch.setattr(skinny, "op_can_run", lambda x, w: False)
-    monkeypatch.setattr(decode_attention, "gqa_can_run", lambda q, k: False)
-    plain = _decode_logits(net)
+    fused = step_logits(net, torch.device("cuda"))
+    with unfused_decode():
+        plain = step_logits(net, torch.device("cuda"))
     worst = (fused - plain).abs().max().item() / plain.abs().max().item()
     agree = (fused.argmax(-1) == plain.argmax(-1)).double().mean().item()
     print(f"{name}: worst logit difference {worst:.4f} of the largest, greedy choices agree {agree:.2f}")

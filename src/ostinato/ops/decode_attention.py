@@ -377,7 +377,7 @@ def _split_workspace(out: torch.Tensor, query_heads: int, splits: int, counters:
 def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float,
              group: int, kv_rows: torch.Tensor | None) -> torch.Tensor:
     """group > 1 in half precision: query rows ``w * group + i`` seen as [K/V rows, H, group, D]."""
-    bsz, heads, dim = q.shape
+    bsz, heads, _ = q.shape
     return _launch_grouped(q, k, v, out, scale, group, kv_rows, None, q_strides=(group * q.stride(0), q.stride(1),
                            q.stride(0)), out_strides=(group * out.stride(0), out.stride(1), out.stride(0)),
                            kv_count=bsz // group, heads=heads, min_chunk=GROUPED_MIN_CHUNK, rows=bsz)

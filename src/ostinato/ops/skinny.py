@@ -129,7 +129,7 @@ if HAVE_TRITON:
     @triton.jit
     def _epilogue(acc, rows, cols, mask, N, b_ptr, r_ptr, srm, o_ptr, som,
                   HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr,
-                  sso_ptr=None, ss_col=0, ss_stride=0, M=0, SS_OUT: tl.constexpr = False):
+                  sso_ptr, ss_col, ss_stride, M, SS_OUT: tl.constexpr):
         """gelu(acc + bias) + residual in float32, one rounding to the output dtype; rows/cols broadcast
         to acc's shape (2-D tile in the matmul kernel, one row segment in the reduce kernel). With
         SS_OUT each row's sum of squares of the rounded outputs of this column block goes to
@@ -145,6 +145,16 @@ if HAVE_TRITON:
         if SS_OUT:
             yf = tl.where(mask, y.to(tl.float32), 0.0)
             tl.store(sso_ptr + rows * ss_stride + ss_col, tl.sum(yf * yf, axis=1, keep_dims=True), mask=rows < M)
+
+    @triton.jit
+    def _dot_into(acc, xt, wt, FP32: tl.constexpr):
+        """acc + xt @ wt^T on the tensor cores; float32 in IEEE precision (tensor cores would round
+        float32 operands to tf32)."""
+        if FP32:
+            acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+        else:
+            acc += tl.dot(xt, tl.trans(wt))
+        return acc
 
     @triton.jit
     def _input_load(x_rows, k, mask, K, nw_ptr, NORM: tl.constexpr, SWIGLU: tl.constexpr):
@@ -237,20 +247,14 @@ if HAVE_TRITON:
                     xr, upr, wr = _input_load(x_rows, kn, row_ok[:, None] & ((kn < K) & (i + 1 < TILES))[None, :], K,
                                               nw_ptr, NORM, SWIGLU)
                     wt = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                    if FP32:
-                        acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
-                    else:
-                        acc += tl.dot(xt, tl.trans(wt))
+                    acc = _dot_into(acc, xt, wt, FP32)
             else:
                 for i in range(0, TILES):
                     k = k0 + i * BLOCK_K + kk
                     k_ok = k < K
                     xt = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                     wt = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                    if FP32:  # tensor cores would round float32 operands to tf32
-                        acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
-                    else:
-                        acc += tl.dot(xt, tl.trans(wt))
+                    acc = _dot_into(acc, xt, wt, FP32)
             if PROGRAMS_K > 1:
                 slot = (pid_k * M + rows).to(tl.int64)
                 tl.store(ws_cols + slot[:, None] * N, acc, mask=mask)
@@ -269,10 +273,7 @@ if HAVE_TRITON:
                     acc = tl.where(i % TILES == 0, 0.0, acc)
                 else:
                     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                if FP32:
-                    acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
-                else:
-                    acc += tl.dot(xt, tl.trans(wt))
+                acc = _dot_into(acc, xt, wt, FP32)
                 end = i % TILES == TILES - 1
                 # A select, never the bare product: with one tile a chunk, "total + dot" would be folded
                 # into the dot's accumulator, a different rounding from adding the chunk's partial (rows
@@ -458,14 +459,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if norm is not None and (ss_in.dim() != 2 or ss_in.shape[0] != m or ss_in.dtype != torch.float32
                              or not ss_in.is_contiguous() or norm_weight.shape != (k,)):
         raise ValueError(f"linear: norm needs square sums [{m}, parts] float32 (contiguous) and a weight [{k}]")
-    plan = linear_plan(m, n, k, _sm_count(x.device), x.element_size(), one_wave=one_wave)
+    n_sm = _sm_count(x.device)
+    plan = linear_plan(m, n, k, n_sm, x.element_size(), one_wave=one_wave)
     ss_out = torch.empty(m, plan["n_blocks"], device=x.device, dtype=torch.float32) if square_sums else None
     if m == 0:
         return (o, ss_out) if square_sums else o
     split = plan["programs_k"] > 1
     # one_wave launches that still spill into a second wave (more column blocks than programs an SM
     # allows: Qwen3-8B's gate/up) go without PDL, whose early programs would take the later waves' room
-    fits = not one_wave or plan["n_blocks"] * plan["programs_k"] * plan["m_blocks"] <= PROGRAMS_PER_SM * _sm_count(x.device)
+    fits = not one_wave or plan["n_blocks"] * plan["programs_k"] * plan["m_blocks"] <= PROGRAMS_PER_SM * n_sm
     ws = torch.empty(plan["splits"] * m * n if split else 1, device=x.device, dtype=torch.float32)
     locks = arrival_counters(x.device, plan["n_blocks"] * plan["m_blocks"]) if split else ws
     b = bias if bias is not None else o2
