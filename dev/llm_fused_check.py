@@ -1,5 +1,6 @@
 """Check a language model's fused decode step (``models.llm``: projections on the skinny kernel with
-the RMSNorms, SwiGLU and residual adds folded in, attention on the grouped-query kernel) against the
+the RMSNorms, SwiGLU and residual adds folded in, the q/k norms, rotary and cache writes in one
+kernel, attention on the grouped-query kernel) against the
 same step on PyTorch's ops, on the tiny checkpoints in half precision.
 
     TRITON_INTERPRET=1 PYTHONPATH=src:/path/to/triton python dev/llm_fused_check.py   # CPU, float16
@@ -20,7 +21,11 @@ from ostinato.ops import skinny
 from ostinato.testing.llm_decode import step_logits, unfused_decode
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "llm"
-NAMES = ["qwen3", "llama", "qwen3_5", "qwen3_next"]  # dense MLPs: the MoE's routing may flip on a near-tie
+# Dense MLPs only: a routed MoE turns a rounding difference into another expert on a near-tie
+# (Qwen3-Next's tiny checkpoint is MoE: one row of one step differed by 24% of the largest logit in
+# bfloat16 on an H100 while the rest stayed within 3%). Its attention and Gated DeltaNet layers are
+# Qwen3.5's classes, checked through qwen3_5.
+NAMES = ["qwen3", "llama", "qwen3_5"]
 TOLERANCE = {torch.float16: 0.01, torch.bfloat16: 0.03}  # worst |difference| / largest |logit|
 
 

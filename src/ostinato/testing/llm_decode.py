@@ -6,21 +6,22 @@ import contextlib
 
 import torch
 
-from ..ops import decode_attention, skinny
+from ..ops import decode_attention, rotary_cache, skinny
 from ..runtime import DeviceState
 
 
 @contextlib.contextmanager
 def unfused_decode():
-    """Inside this block a decode step runs PyTorch's norms, matmuls and attention, not the skinny
-    products and the grouped-query kernel."""
-    can_run, gqa_can_run = skinny.op_can_run, decode_attention.gqa_can_run
+    """Inside this block a decode step runs PyTorch's norms, matmuls, rotary embedding and attention,
+    not the skinny products, the q/k rotary-and-cache kernel and the grouped-query kernel."""
+    saved = skinny.op_can_run, decode_attention.gqa_can_run, rotary_cache.can_run
     skinny.op_can_run = lambda x, weight: False
     decode_attention.gqa_can_run = lambda q, k: False
+    rotary_cache.can_run = lambda mixed, cache_k: False
     try:
         yield
     finally:
-        skinny.op_can_run, decode_attention.gqa_can_run = can_run, gqa_can_run
+        skinny.op_can_run, decode_attention.gqa_can_run, rotary_cache.can_run = saved
 
 
 def step_logits(net, device: torch.device, rows: int = 3, steps: int = 4) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ...ops import decode_attention as decode_kernels
 from ...ops import delta_rule as delta_kernel
-from ...ops import skinny
+from ...ops import rotary_cache, skinny
 from ...ops.attention import attention
 from .config import LLMConfig
 from . import fusion
@@ -34,6 +34,20 @@ def project(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, decode: bo
     if decode and bias is None and skinny.op_can_run(x, weight):
         return skinny.linear_op(x, weight)[0]
     return F.linear(x, weight, bias)
+
+
+class StepPlaces(NamedTuple):
+    """Where a decode step's token of each row goes, worked out once a step for every layer:
+    ``positions`` [B], ``lengths`` = positions + 1 (the keys each row attends to), the rotary ``cos``
+    and ``sin`` [B, R/2] and the ``inv_freq`` [R/2] they come from (the q/k kernel computes its own
+    from these), and ``visible`` [B, L] marking the cache entries each row attends to (for the plain
+    attention path; None in a model without attention layers)."""
+    positions: Tensor
+    lengths: Tensor
+    cos: Tensor
+    sin: Tensor
+    inv_freq: Tensor
+    visible: Optional[Tensor]
 
 
 class Normed(NamedTuple):
@@ -189,26 +203,44 @@ class Attention(nn.Module):
                             enable_gqa=gqa)
         return self._finish(out.transpose(1, 2).reshape(g, t, -1), gate)
 
-    def decode(self, x: Normed, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, positions: Tensor,
-               visible: Tensor):
-        """x: the stream [B, H] into the layer's input norm, one token per row at ``positions``;
-        ``visible`` [B, L] marks the cache entries each row attends to. The cache is the first B rows'
-        views. Returns the stream after the attention block and its square sums (or None)."""
+    def decode(self, x: Normed, places: StepPlaces, cache_k: Tensor, cache_v: Tensor):
+        """x: the stream [B, H] into the layer's input norm, one token per row at ``places``. The cache
+        is the first B rows' views. Returns the stream after the attention block and its square sums
+        (or None)."""
         b = x.x.shape[0]
-        q, k, v, gate = self._project(x, cos, sin)
-        rows = torch.arange(b, device=q.device)
-        cache_k[rows, :, positions] = k
-        cache_v[rows, :, positions] = v
+        if self.fused is not None and rotary_cache.can_run(x.x, cache_k):
+            q, gate = self._project_into_cache(x, places, cache_k, cache_v)
+        else:
+            q, k, v, gate = self._project(x, places.cos, places.sin)
+            rows = torch.arange(b, device=q.device)
+            cache_k[rows, :, places.positions] = k
+            cache_v[rows, :, places.positions] = v
         if decode_kernels.gqa_can_run(q, cache_k):  # one kernel reads each key once, up to the row's length
-            out = decode_kernels.gqa_decode_attention_op(q, cache_k, cache_v, positions + 1, self.scale)
+            out = decode_kernels.gqa_decode_attention_op(q, cache_k, cache_v, places.lengths, self.scale)
             return self._finish(out.reshape(b, self.heads * self.head_dim), gate, x.x)
         group = self.heads // self.kv_heads
         # [B, kv, group, d] @ [B, kv, d, L]: each key and value row is read once for its query group
         scores = torch.matmul(q.view(b, self.kv_heads, group, self.head_dim), cache_k.transpose(-1, -2))
-        scores = (scores * self.scale).masked_fill(~visible[:, None, None, :], float("-inf"))
+        scores = (scores * self.scale).masked_fill(~places.visible[:, None, None, :], float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(weights, cache_v).reshape(b, self.heads * self.head_dim)
         return self._finish(out, gate, x.x)
+
+    def _project_into_cache(self, x: Normed, places: StepPlaces, cache_k: Tensor, cache_v: Tensor):
+        """A decode step's fused projection, then one kernel for the q/k norms, the rotary embedding
+        and the cache writes: (q [B, heads, D], the output gate or None)."""
+        mixed = project_normed(x, self.fused)
+        norm = self.q_norm
+        q = rotary_cache.qk_rotary_cache_op(
+            mixed, places.inv_freq, cache_k, cache_v, places.positions, self.heads, self.gated,
+            None if norm is None else norm.weight, None if norm is None else self.k_norm.weight,
+            0.0 if norm is None else norm.eps, norm is not None and norm.zero_centered)
+        gate = None
+        if self.gated:  # per head: the query, then its gate
+            b = mixed.shape[0]
+            gate = mixed[:, :2 * self.heads * self.head_dim].reshape(b, self.heads, 2 * self.head_dim)
+            gate = gate[..., self.head_dim:].reshape(b, self.heads * self.head_dim)
+        return q, gate
 
 
 class GatedDeltaNet(nn.Module):
@@ -435,16 +467,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm)
 
-    def decode(self, x: Tensor, square_sums: Optional[Tensor], cos: Tensor, sin: Tensor, state, index: int,
-               rows: int, positions: Tensor, visible: Tensor):
+    def decode(self, x: Tensor, square_sums: Optional[Tensor], places: StepPlaces, state, index: int, rows: int):
         """One token per row: (the stream after the layer, its square sums or None). ``state`` holds
         the decode buffers, this layer's named by ``index``; ``rows`` of them are stepped."""
         inp = Normed(x, square_sums, self.input_layernorm)
         if self.linear:
             x, square_sums = self.linear_attn.decode(inp, state[f"conv{index}"][:rows], state[f"rec{index}"][:rows])
         else:
-            x, square_sums = self.self_attn.decode(inp, cos, sin, state[f"k{index}"][:rows], state[f"v{index}"][:rows],
-                                                   positions, visible)
+            x, square_sums = self.self_attn.decode(inp, places, state[f"k{index}"][:rows], state[f"v{index}"][:rows])
         inp = Normed(x, square_sums, self.post_attention_layernorm)
         if self.moe:
             return x + self.mlp(inp.tensor(), True), None

@@ -10,7 +10,9 @@ from torch import Tensor, nn
 
 from .config import LLMConfig, rope_inverse_frequencies
 from ...ops import skinny
-from .layers import DecoderLayer, Normed, RMSNorm, grouped_mm_available, project_normed, rotary_tables
+from .layers import (
+    DecoderLayer, Normed, RMSNorm, StepPlaces, grouped_mm_available, project_normed, rotary_tables,
+)
 
 
 class _Body(nn.Module):
@@ -94,15 +96,21 @@ class DecoderNet(nn.Module):
         Graph-safe: fixed shapes, no host sync. Where the skinny products run, each carries the
         residual stream's square sums to the next, which applies its RMSNorm on load."""
         x = self.model.embed_tokens(tokens)
-        cos, sin = rotary_tables(positions, self.inv_freq, x.dtype)
         square_sums = x.float().pow(2).sum(-1, keepdim=True) if skinny.op_can_run(x, self.lm_head.weight) else None
+        places = self._places(positions, state, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x, square_sums = layer.decode(x, square_sums, places, state, i, rows)
+        return project_normed(Normed(x, square_sums, self.model.norm), self.lm_head.weight).float()
+
+    def _places(self, positions: Tensor, state, dtype: torch.dtype) -> StepPlaces:
+        cos, sin = rotary_tables(positions, self.inv_freq, dtype)
         visible = None
         for i, layer in enumerate(self.model.layers):
-            if not layer.linear and visible is None:
-                span = torch.arange(state[f"k{i}"].shape[2], device=tokens.device)
+            if not layer.linear:  # every attention layer's cache has the same length
+                span = torch.arange(state[f"k{i}"].shape[2], device=positions.device)
                 visible = span[None, :] <= positions[:, None]
-            x, square_sums = layer.decode(x, square_sums, cos, sin, state, i, rows, positions, visible)
-        return project_normed(Normed(x, square_sums, self.model.norm), self.lm_head.weight).float()
+                break
+        return StepPlaces(positions, positions + 1, cos, sin, self.inv_freq, visible)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden).float()
