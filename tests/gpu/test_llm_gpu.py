@@ -162,3 +162,22 @@ def test_half_precision_decode_on_the_fused_kernels(name):
     print(f"{name}: worst logit difference {worst:.4f} of the largest, greedy choices agree {agree:.2f}")
     assert worst <= 0.03
     assert agree >= 0.9
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe", "qwen3_moe"])  # with and without a shared expert
+def test_half_precision_moe_decode_on_its_kernels(name):
+    """bfloat16 MoE decode runs on ops.moe_decode (routing, the experts' products, the shared expert
+    and the residual add): the device loop gives the tokens of the same compiled step run eagerly."""
+    from ostinato.ops import moe_decode
+
+    path = os.path.join(DATA, name)
+    batch = prompts(6, seed=4)
+    tokens = {}
+    for loop in ("eager", "auto"):
+        model = LanguageModel(path, device="cuda", dtype=torch.bfloat16, decode_loop=loop, max_batch_size=4,
+                              compile=True)
+        tokens[loop] = [list(g) for g in model.generate(batch, max_new_tokens=12)]
+    layer = next(layer for layer in model.net.model.layers if layer.moe)
+    assert moe_decode.can_run(torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16), layer.mlp.experts_gate_up)
+    assert layer.mlp.router_in is not None
+    assert tokens["auto"] == tokens["eager"]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ...ops import decode_attention as decode_kernels
 from ...ops import delta_rule as delta_kernel
-from ...ops import rotary_cache, skinny
+from ...ops import moe_decode, rotary_cache, skinny
 from ...ops.attention import attention
 from .config import LLMConfig
 from . import fusion
@@ -395,6 +395,35 @@ class MoE(nn.Module):
         else:
             self.shared_expert = None
         self.grouped = False  # set by the model once it knows its device and dtype
+        self.router_in = None
+
+    def fuse(self) -> None:
+        """One weight for the products of the block's input: the shared expert's gate/up rows (its
+        fused weight becomes a view of them), the router, the shared expert's gate."""
+        if self.shared_expert is None:
+            self.router_in = self.gate.weight
+            return
+        mlp = self.shared_expert
+        self.router_in = fuse_linears(mlp.gate_proj, mlp.up_proj, self.gate, self.shared_expert_gate)
+        if self.router_in is not None:
+            mlp.fused = self.router_in[: 2 * mlp.gate_proj.out_features]
+        else:
+            mlp.fuse()
+
+    def decode(self, x: Normed):
+        """x.x + MoE(norm(x.x)) for a decode step: (the stream, its square sums or None). Where the
+        kernels run, one skinny product gives the shared expert's gate/up, the router logits and the
+        shared gate from the normed stream, and ``ops.moe_decode`` routes, runs the chosen experts
+        and adds everything to the stream in three more launches."""
+        if (self.router_in is not None and x.square_sums is not None and moe_decode.can_run(x.x, self.experts_gate_up)
+                and skinny.op_can_run(x.x, self.router_in)):
+            router_out = project_normed(x, self.router_in)
+            norm = x.norm
+            shared = self.shared_expert.down_proj.weight if self.shared_expert is not None else None
+            return moe_decode.moe_decode_op(x.x, router_out, self.experts, self.top_k, self.normalize,
+                                            self.experts_gate_up, self.experts_down, shared, x.square_sums,
+                                            norm.weight, norm.eps, norm.zero_centered)
+        return x.x + self(x.tensor(), True), None
 
     def route(self, x: Tensor):
         logits = self.gate(x)
@@ -475,10 +504,7 @@ class DecoderLayer(nn.Module):
             x, square_sums = self.linear_attn.decode(inp, state[f"conv{index}"][:rows], state[f"rec{index}"][:rows])
         else:
             x, square_sums = self.self_attn.decode(inp, places, state[f"k{index}"][:rows], state[f"v{index}"][:rows])
-        inp = Normed(x, square_sums, self.post_attention_layernorm)
-        if self.moe:
-            return x + self.mlp(inp.tensor(), True), None
-        return self.mlp.decode(inp)
+        return self.mlp.decode(Normed(x, square_sums, self.post_attention_layernorm))
 
     def _mlp(self, x: Tensor, update: Tensor) -> Tensor:
         """x + update, then the MLP (or MoE) block with its residual (prefill)."""

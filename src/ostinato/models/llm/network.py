@@ -45,10 +45,7 @@ class DecoderNet(nn.Module):
             (layer.linear_attn if layer.linear else layer.self_attn).fuse()
             if layer.moe:
                 layer.mlp.grouped = grouped
-                if layer.mlp.shared_expert is not None:
-                    layer.mlp.shared_expert.fuse()
-            else:
-                layer.mlp.fuse()
+            layer.mlp.fuse()
         self._fused = True
         return self
 
