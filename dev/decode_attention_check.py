@@ -218,6 +218,21 @@ def check_setup(have_triton: bool):
     return on_gpu, torch.device("cuda" if on_gpu else "cpu"), seed
 
 
+def run_half_cases(have_triton: bool, cases, check, verdict: str) -> int:
+    """The main of a kernel check over ``cases``: ``check(device, dtype, *case)`` for each in float16
+    (and bfloat16 on a GPU), then ``<verdict>: <all passed>``; the exit status (2 when nothing can run)."""
+    setup = check_setup(have_triton)
+    if setup is None:
+        return 2
+    on_gpu, device, _ = setup
+    ok = True
+    for dtype in [torch.float16] + ([torch.bfloat16] if on_gpu else []):
+        for case in cases:
+            ok &= check(device, dtype, *case)
+    print(f"{verdict}: {ok}")
+    return 0 if ok else 1
+
+
 def main() -> int:
     setup = check_setup(da.HAVE_TRITON)
     if setup is None:

@@ -26,7 +26,7 @@ bench() {
 }
 E2E_ARGS=${E2E_ARGS:---configs greedy-b16 defaults-b16 greedy-b1 words-b16 --ttft-sizes tiny large-v3}
 case "${PHASE:-tests}" in
-  tests) checks decode_attention skinny rotary_cache moe_decode llm_fused rules_kernel whisper_fused; gpu_tests ;;
+  tests) checks decode_attention skinny rotary_cache moe_decode gated_delta llm_fused rules_kernel whisper_fused; gpu_tests ;;
   verify) CHECK_S=100 checks ${CHECKS:-rules_kernel whisper_fused}; TEST_S=150 gpu_tests; BENCH_LINES=24 bench ;;
   bench)
     timeout 120 python bench/skinny_ops.py > $OUT/skinny_bench.txt 2>&1; echo "skinny bench rc=$?"; tail -15 $OUT/skinny_bench.txt

@@ -22,7 +22,7 @@ import torch
 from ostinato.models.llm.config import LLMConfig
 from ostinato.models.llm.layers import MoE, Normed, RMSNorm
 from ostinato.ops import moe_decode
-from decode_attention_check import check_setup
+from decode_attention_check import run_half_cases
 
 # (tokens, hidden, experts, top k, inner, shared inner or 0, renormalise)
 CASES = [
@@ -95,16 +95,7 @@ def block_router_logits(block, stream):
 
 
 def main() -> int:
-    setup = check_setup(moe_decode.HAVE_TRITON)
-    if setup is None:
-        return 2
-    on_gpu, device, _ = setup
-    ok = True
-    for dtype in [torch.float16] + ([torch.bfloat16] if on_gpu else []):
-        for case in CASES:
-            ok &= check(device, dtype, *case)
-    print(f"moe decode == reference: {ok}")
-    return 0 if ok else 1
+    return run_half_cases(moe_decode.HAVE_TRITON, CASES, check, "moe decode == reference")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 from ostinato.models.llm import fusion
 from ostinato.ops import rotary_cache
-from decode_attention_check import check_setup
+from decode_attention_check import run_half_cases
 
 # (rows, query heads, kv heads, head size, rotary half, norm, zero-centred, gated)
 CASES = [
@@ -87,16 +87,7 @@ def check(device, dtype, rows, heads, kv_heads, dim, half, norm, zero_centered, 
 
 
 def main() -> int:
-    setup = check_setup(rotary_cache.HAVE_TRITON)
-    if setup is None:
-        return 2
-    on_gpu, device, _ = setup
-    ok = True
-    for dtype in [torch.float16] + ([torch.bfloat16] if on_gpu else []):
-        for case in CASES:
-            ok &= check(device, dtype, *case)
-    print(f"rotary cache == reference: {ok}")
-    return 0 if ok else 1
+    return run_half_cases(rotary_cache.HAVE_TRITON, CASES, check, "rotary cache == reference")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,20 @@ from .triton_support import HAVE_TRITON, kernels_can_run, tl, triton
 if HAVE_TRITON:  # pragma: no cover - needs Triton
 
     @triton.jit
+    def delta_update(tile, q, k, v, decay, beta, SCALE: tl.constexpr):
+        """One gated delta rule step on a state tile [DK, BV] at ``tile`` (float32): q, k (float32 [DK])
+        L2-normalised (q also scaled), the state decayed, the value k remembers replaced by beta's
+        share of v, the tile written back once; returns the tile's output for q (float32 [BV])."""
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * SCALE
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        s = tl.load(tile) * decay
+        remembered = tl.sum(s * k[:, None], 0)
+        delta = (v - remembered) * beta
+        s = s + k[:, None] * delta[None, :]
+        tl.store(tile, s)
+        return tl.sum(s * q[:, None], 0)
+
+    @triton.jit
     def _delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr,
                            s_qb, s_qh, s_vb, s_vh, s_gb, s_sb, s_sh, s_ob, s_oh,
                            V_HEADS: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -37,18 +51,11 @@ if HAVE_TRITON:  # pragma: no cover - needs Triton
         dv = vb * BV + tl.arange(0, BV)
         q = tl.load(q_ptr + row * s_qb + kh * s_qh + dk).to(tl.float32)
         k = tl.load(k_ptr + row * s_qb + kh * s_qh + dk).to(tl.float32)
-        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * SCALE
-        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
         v = tl.load(v_ptr + row * s_vb + head * s_vh + dv).to(tl.float32)
         decay = tl.exp(tl.load(g_ptr + row * s_gb + head).to(tl.float32))
         beta = tl.load(beta_ptr + row * s_gb + head).to(tl.float32)
         tile = state_ptr + row * s_sb + head * s_sh + dk[:, None] * DV + dv[None, :]
-        s = tl.load(tile) * decay
-        remembered = tl.sum(s * k[:, None], 0)
-        delta = (v - remembered) * beta
-        s = s + k[:, None] * delta[None, :]
-        tl.store(tile, s)
-        out = tl.sum(s * q[:, None], 0)
+        out = delta_update(tile, q, k, v, decay, beta, SCALE)
         tl.store(out_ptr + row * s_ob + head * s_oh + dv, out.to(out_ptr.dtype.element_ty))
 
 

@@ -6,22 +6,25 @@ import contextlib
 
 import torch
 
-from ..ops import decode_attention, rotary_cache, skinny
+from ..ops import decode_attention, gated_delta_decode, moe_decode, rotary_cache, skinny
 from ..runtime import DeviceState
 
 
 @contextlib.contextmanager
 def unfused_decode():
-    """Inside this block a decode step runs PyTorch's norms, matmuls, rotary embedding and attention,
-    not the skinny products, the q/k rotary-and-cache kernel and the grouped-query kernel."""
-    saved = skinny.op_can_run, decode_attention.gqa_can_run, rotary_cache.can_run
-    skinny.op_can_run = lambda x, weight: False
-    decode_attention.gqa_can_run = lambda q, k: False
-    rotary_cache.can_run = lambda mixed, cache_k: False
+    """Inside this block a decode step runs PyTorch's ops, not ostinato's decode kernels: the skinny
+    products, the q/k rotary-and-cache kernel, the grouped-query attention, the MoE block's kernels
+    and the Gated DeltaNet step's."""
+    modules = (skinny, decode_attention, rotary_cache, moe_decode, gated_delta_decode)
+    names = ("op_can_run", "gqa_can_run", "can_run", "can_run", "can_run")
+    saved = [getattr(module, name) for module, name in zip(modules, names)]
+    for module, name in zip(modules, names):
+        setattr(module, name, lambda *args: False)
     try:
         yield
     finally:
-        skinny.op_can_run, decode_attention.gqa_can_run, rotary_cache.can_run = saved
+        for module, name, check in zip(modules, names, saved):
+            setattr(module, name, check)
 
 
 def step_logits(net, device: torch.device, rows: int = 3, steps: int = 4) -> torch.Tensor:

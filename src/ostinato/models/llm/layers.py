@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ...ops import decode_attention as decode_kernels
 from ...ops import delta_rule as delta_kernel
-from ...ops import moe_decode, rotary_cache, skinny
+from ...ops import gated_delta_decode, moe_decode, rotary_cache, skinny
 from ...ops.attention import attention
 from .config import LLMConfig
 from . import fusion
@@ -317,7 +317,14 @@ class GatedDeltaNet(nn.Module):
         return self._finish(torch.cat(outs) if len(outs) > 1 else outs[0], z)
 
     def decode(self, x: Normed, conv_state: Tensor, rec_state: Tensor):
-        """One token per row from the stream ``x``: (the stream after this block, its square sums or None)."""
+        """One token per row from the stream ``x``: (the stream after this block, its square sums or None).
+        Where the kernels run, the conv, gates and delta rule between the two products take two
+        launches (``ops.gated_delta_decode``)."""
+        if self.fused is not None and gated_delta_decode.can_run(x.x, rec_state):
+            proj = project_normed(x, self.fused)
+            out = gated_delta_decode.gated_delta_decode_op(proj, conv_state, rec_state, self.conv1d.weight,
+                                                           self.A_log, self.dt_bias, self.k_heads)
+            return self._finish(out, proj[:, self.conv_dim:self.conv_dim + self.value_dim], x.x)
         mixed, z, b, a = self._project(x)
         mixed = mixed[:, :, None]  # [B, C, 1]
         window = torch.cat((conv_state.to(mixed.dtype), mixed), dim=-1)
