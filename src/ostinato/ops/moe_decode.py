@@ -40,16 +40,17 @@ if HAVE_TRITON:
 # Launch shapes tuned on an H100 with Qwen3.5-35B-A3B's step at one row (the whole step's replay, 40
 # layers): gate/up 16 rows x 256 a tile over 2 warps (512 programs a token) 3777 us against 4246 for
 # 32 x 128 over 4; 8-64 rows, 128-512 wide tiles, 2-8 warps, 2-4 stages were within 2% of it or
-# slower. down 16 columns a program over 4 warps (32 or 64 columns, 2-16 warps: 0-25% slower);
-# routing on one warp (shuffles only) 50 us a step faster than on four.
+# slower. down 8 columns a program over 4 warps (256 programs a token): 3346 us against 3434 for 16
+# columns (16-64 columns, 1-16 warps: 0-25% slower); routing on one warp (shuffles only) 50 us a step
+# faster than on four.
 UP_BLOCK_N = 16  # gate/up rows a program
 UP_BLOCK_K = 256
 UP_STAGES = 3
 UP_WARPS = 2
-DOWN_BLOCK_N = 16  # output columns a program: hidden 2048 gives 128 programs a token
+DOWN_BLOCK_N = 8  # output columns a program
 DOWN_WARPS = 4
 ROUTE_WARPS = 1
-SS_COLS = 16  # output columns a square-sum part covers (the next norm sums the parts)
+SS_COLS = 8  # output columns a square-sum part covers (the next norm sums the parts)
 MAX_TOKENS = 16  # tokens a call serves (a decode step's rows)
 
 if HAVE_TRITON:
