@@ -178,6 +178,7 @@ def test_half_precision_moe_decode_on_its_kernels(name):
                               compile=True)
         tokens[loop] = [list(g) for g in model.generate(batch, max_new_tokens=12)]
     layer = next(layer for layer in model.net.model.layers if layer.moe)
-    assert moe_decode.can_run(torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16), layer.mlp.experts_gate_up)
+    assert moe_decode.can_run(torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16), layer.mlp.experts_gate_up,
+                              layer.mlp.experts_down)
     assert layer.mlp.router_in is not None
     assert tokens["auto"] == tokens["eager"]

@@ -176,9 +176,11 @@ if HAVE_TRITON:
         tl.store(sso_ptr + t * n_parts + part, parts, mask=part < n_parts)
 
 
-def can_run(x: torch.Tensor, experts_gate_up: torch.Tensor) -> bool:
-    """The kernels serve these: Triton on x's device, one half dtype, at most ``MAX_TOKENS`` tokens."""
+def can_run(x: torch.Tensor, experts_gate_up: torch.Tensor, experts_down: torch.Tensor) -> bool:
+    """The kernels serve these: Triton on x's device, one half dtype, at most ``MAX_TOKENS`` tokens,
+    expert weights with contiguous rows."""
     return (kernels_can_run(x, x.dtype, interpreter=True) and experts_gate_up.dtype == x.dtype
+            and experts_down.dtype == x.dtype and experts_gate_up.stride(-1) == 1 and experts_down.stride(-1) == 1
             and x.numel() // x.shape[-1] <= MAX_TOKENS)
 
 

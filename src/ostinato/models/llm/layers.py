@@ -422,8 +422,8 @@ class MoE(nn.Module):
         kernels run, one skinny product gives the shared expert's gate/up, the router logits and the
         shared gate from the normed stream, and ``ops.moe_decode`` routes, runs the chosen experts
         and adds everything to the stream in three more launches."""
-        if (self.router_in is not None and x.square_sums is not None and moe_decode.can_run(x.x, self.experts_gate_up)
-                and skinny.op_can_run(x.x, self.router_in)):
+        if (self.router_in is not None and x.square_sums is not None and skinny.op_can_run(x.x, self.router_in)
+                and moe_decode.can_run(x.x, self.experts_gate_up, self.experts_down)):
             router_out = project_normed(x, self.router_in)
             norm = x.norm
             shared = self.shared_expert.down_proj.weight if self.shared_expert is not None else None
