@@ -136,6 +136,18 @@ def test_compiled_prefill_chains_match_the_eager_ops_at_every_length(dtype, capl
     assert counters["stats"]["unique_graphs"] > graphs  # they did compile (once each, any length)
 
 
+def compiled_tokens_eager_and_on_the_loop(name, seed):
+    """({"eager": tokens, "auto": tokens}, the last model): six prompts, 12 new tokens each, from the
+    bfloat16 compiled step run eagerly and on the device loop."""
+    batch = prompts(6, seed=seed)
+    tokens = {}
+    for loop in ("eager", "auto"):
+        model = LanguageModel(os.path.join(DATA, name), device="cuda", dtype=torch.bfloat16, decode_loop=loop,
+                              max_batch_size=4, compile=True)
+        tokens[loop] = [list(g) for g in model.generate(batch, max_new_tokens=12)]
+    return tokens, model
+
+
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])  # Qwen3's norms; the hybrid's zero-centred ones, gated attention
 def test_half_precision_decode_on_the_fused_kernels(name):
     """bfloat16 decode runs its projections on the skinny kernel (RMSNorm, SwiGLU and residual adds
@@ -145,13 +157,7 @@ def test_half_precision_decode_on_the_fused_kernels(name):
     (a near-tie may flip)."""
     from ostinato.testing.llm_decode import step_logits, unfused_decode
 
-    path = os.path.join(DATA, name)
-    batch = prompts(6, seed=3)
-    tokens = {}
-    for loop in ("eager", "auto"):
-        model = LanguageModel(path, device="cuda", dtype=torch.bfloat16, decode_loop=loop, max_batch_size=4,
-                              compile=True)
-        tokens[loop] = [list(g) for g in model.generate(batch, max_new_tokens=12)]
+    tokens, model = compiled_tokens_eager_and_on_the_loop(name, seed=3)
     assert tokens["auto"] == tokens["eager"]
     net = model.net
     fused = step_logits(net, torch.device("cuda"))
@@ -170,13 +176,7 @@ def test_half_precision_moe_decode_on_its_kernels(name):
     and the residual add): the device loop gives the tokens of the same compiled step run eagerly."""
     from ostinato.ops import moe_decode
 
-    path = os.path.join(DATA, name)
-    batch = prompts(6, seed=4)
-    tokens = {}
-    for loop in ("eager", "auto"):
-        model = LanguageModel(path, device="cuda", dtype=torch.bfloat16, decode_loop=loop, max_batch_size=4,
-                              compile=True)
-        tokens[loop] = [list(g) for g in model.generate(batch, max_new_tokens=12)]
+    tokens, model = compiled_tokens_eager_and_on_the_loop(name, seed=4)
     layer = next(layer for layer in model.net.model.layers if layer.moe)
     assert moe_decode.can_run(torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16), layer.mlp.experts_gate_up,
                               layer.mlp.experts_down)

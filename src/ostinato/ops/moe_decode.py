@@ -138,7 +138,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _experts_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, sh_ptr, sg_ptr, sw_ptr, r_ptr, o_ptr, sso_ptr,
-                             shm, swe, swn, ssm, ssw, srm, som, M, N, I, IS,
+                             shm, swe, swn, ssm, ssw, srm, som, N, I, IS,
                              TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_I: tl.constexpr, BLOCK_IS: tl.constexpr, SS_COLS: tl.constexpr, PDL: tl.constexpr):
         """Program (column block, token t): out[t, cols] = r[t] + sum_j wts[t, j] * W[ids[t, j]] @
@@ -238,7 +238,7 @@ def experts_down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, down
     _experts_down_kernel[(blocks, tokens)](
         h, ids, weights, down, s_h, s_gate, s_down, residual, out, ss,
         h.stride(0), down.stride(0), down.stride(1), s_h.stride(0), s_down.stride(0) if shared is not None else 0,
-        residual.stride(0), out.stride(0), tokens, hidden, inner, s_down.shape[1],
+        residual.stride(0), out.stride(0), hidden, inner, s_down.shape[1],
         TOPK=top_k, HAS_SHARED=shared is not None, BLOCK_N=DOWN_BLOCK_N, BLOCK_I=triton.next_power_of_2(inner),
         BLOCK_IS=triton.next_power_of_2(s_down.shape[1]), SS_COLS=SS_COLS, num_warps=DOWN_WARPS,
         **pdl_options(h.device, tokens))

@@ -111,7 +111,7 @@ def qk_rotary_cache(mixed: torch.Tensor, inv_freq: torch.Tensor, cache_k: torch.
     tensor [B] on mixed's device, each below S.
     """
     bsz = mixed.shape[0]
-    kv_heads, seq, dim = cache_k.shape[1], cache_k.shape[2], cache_k.shape[3]
+    kv_heads, dim = cache_k.shape[1], cache_k.shape[3]
     q_stride = 2 * dim if gated else dim
     k_off = heads * q_stride
     if mixed.dim() != 2 or mixed.shape[1] != k_off + 2 * kv_heads * dim or mixed.stride(-1) != 1:
@@ -130,7 +130,6 @@ def qk_rotary_cache(mixed: torch.Tensor, inv_freq: torch.Tensor, cache_k: torch.
         raise ValueError(f"qk_rotary_cache: q_norm and k_norm must both be [{dim}] weights or both None")
     if positions.shape != (bsz,) or positions.device != mixed.device:
         raise ValueError(f"qk_rotary_cache: positions must be a tensor [{bsz}] on {mixed.device}")
-    del seq  # positions are trusted to lie inside the cache (the decoder clamps them)
     q = torch.empty(bsz, heads, dim, device=mixed.device, dtype=mixed.dtype)
     if bsz == 0:
         return q
