@@ -1,6 +1,6 @@
 """Check ostinato.ops.gated_delta_decode (a Gated DeltaNet layer's decode step between its products:
-the causal conv over the rolling state, the gates and the gated delta rule) against the layer's
-PyTorch path.
+the causal conv over the rolling state, the gates, the gated delta rule and the gated output norm)
+against the layer's PyTorch path.
 
     TRITON_INTERPRET=1 PYTHONPATH=src:/path/to/triton python dev/gated_delta_check.py   # CPU, float16
     PYTHONPATH=src python dev/gated_delta_check.py                                     # on a GPU, + bfloat16
@@ -21,7 +21,8 @@ from ostinato.ops import gated_delta_decode
 from decode_attention_check import run_half_cases
 
 # (rows, spare rows, hidden, key heads, value heads, key dim, value dim)
-CASES = [(1, 1, 128, 2, 4, 32, 32), (3, 2, 64, 2, 2, 16, 16), (4, 0, 96, 1, 2, 64, 32)]
+CASES = [(1, 1, 128, 2, 4, 32, 32), (3, 2, 64, 2, 2, 16, 16), (4, 0, 96, 1, 2, 64, 32),
+         (2, 1, 64, 2, 2, 16, 128)]  # a value head of 4 blocks: the last to finish applies the norm
 
 
 def layer(hidden, k_heads, v_heads, dk, dv, device, dtype):

@@ -6,8 +6,9 @@ gate/up and down products, the shared expert and the residual add) against PyTor
 
 For MoE blocks of random weights (with and without a shared expert, inner sizes that differ,
 renormalised top-k or not, 1 to 16 tokens):
-  * routing: the kernel's experts are torch.topk's of the float32 softmax, its weights those
-    probabilities (renormalised) rounded to the dtype;
+  * routing: the kernel's experts have torch.topk's probabilities of the float32 softmax (logits
+    equal in the dtype tie, and each breaks ties its own way: the kernel takes the lower index, checked
+    on logits made equal), its weights those probabilities (renormalised) rounded to the dtype;
   * the block: ``MoE.decode`` on the kernels (the RMSNorm applied on load from square sums) against
     the module's PyTorch path (``MoE.forward`` on the normed stream, plus the stream), within a few
     roundings of the dtype, for the tokens whose routing the two paths agree on (a rounding
@@ -68,7 +69,12 @@ def check(device, dtype, tokens, hidden, experts, top_k, inner, shared_inner, no
     top, chosen = torch.topk(probs, top_k, dim=-1)
     if normalize:
         top = top / top.sum(-1, keepdim=True)
-    routing_ok = torch.equal(ids.long(), chosen) and torch.allclose(weights, top.to(dtype).float(), rtol=1e-2, atol=1e-3)
+    # logits equal in the dtype tie; torch.topk breaks ties its own way, so compare what was chosen
+    picked = probs.gather(-1, ids.long())
+    if normalize:
+        picked = picked / picked.sum(-1, keepdim=True)
+    routing_ok = (torch.allclose(picked, top, rtol=1e-5, atol=1e-7)
+                  and torch.allclose(weights, top.to(dtype).float(), rtol=1e-2, atol=1e-3))
     # the block, for the tokens both paths route alike
     fused_ids, _ = moe_decode.route(block_router_logits(block, stream), top_k, normalize, dtype)
     alike = (fused_ids.long().sort(-1).values == chosen.sort(-1).values).all(-1)
@@ -94,8 +100,28 @@ def block_router_logits(block, stream):
     return out[:, start:start + block.experts]
 
 
+def ties_go_to_the_lower_index(device) -> bool:
+    """Equal logits: the kernel takes the lower expert index first (torch.topk's order is its own); NaN
+    logits name experts that exist."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]], device=device)
+    ids, weights = moe_decode.route(logits.half(), 4, False, torch.float16)
+    ok = ids.tolist() == [[1, 2, 4, 5], [0, 1, 2, 3]] and bool((weights[1] == weights[1, 0]).all())
+    # NaN logits (an overflowed stream) must still name experts that exist, never one past the end
+    nan_ids, _ = moe_decode.route(torch.full((1, 6), float("nan"), device=device).half(), 4, True, torch.float16)
+    ok &= bool(((nan_ids >= 0) & (nan_ids < 6)).all())
+    print(f"ties to the lower index, NaN logits in range: {'ok' if ok else 'FAIL'} ({ids.tolist()})")
+    return ok
+
+
 def main() -> int:
-    return run_half_cases(moe_decode.HAVE_TRITON, CASES, check, "moe decode == reference")
+    ties = []
+
+    def check_with_ties(device, dtype, *case):
+        if not ties:
+            ties.append(ties_go_to_the_lower_index(device))
+        return check(device, dtype, *case) and ties[0]
+
+    return run_half_cases(moe_decode.HAVE_TRITON, CASES, check_with_ties, "moe decode == reference")
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ from .triton_support import HAVE_TRITON, kernels_can_run, tl, triton
 if HAVE_TRITON:  # pragma: no cover - needs Triton
 
     @triton.jit
-    def delta_update(tile, q, k, v, decay, beta, SCALE: tl.constexpr):
-        """One gated delta rule step on a state tile [DK, BV] at ``tile`` (float32): q, k (float32 [DK])
-        L2-normalised (q also scaled), the state decayed, the value k remembers replaced by beta's
-        share of v, the tile written back once; returns the tile's output for q (float32 [BV])."""
+    def delta_update(tile, s, q, k, v, decay, beta, SCALE: tl.constexpr):
+        """One gated delta rule step on the state tile s [DK, BV] loaded from ``tile`` (float32): q, k
+        (float32 [DK]) L2-normalised (q also scaled), the state decayed, the value k remembers replaced
+        by beta's share of v, the tile written back once; returns the tile's output for q (float32 [BV])."""
         q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * SCALE
         k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
-        s = tl.load(tile) * decay
+        s = s * decay
         remembered = tl.sum(s * k[:, None], 0)
         delta = (v - remembered) * beta
         s = s + k[:, None] * delta[None, :]
@@ -55,7 +55,7 @@ if HAVE_TRITON:  # pragma: no cover - needs Triton
         decay = tl.exp(tl.load(g_ptr + row * s_gb + head).to(tl.float32))
         beta = tl.load(beta_ptr + row * s_gb + head).to(tl.float32)
         tile = state_ptr + row * s_sb + head * s_sh + dk[:, None] * DV + dv[None, :]
-        out = delta_update(tile, q, k, v, decay, beta, SCALE)
+        out = delta_update(tile, tl.load(tile), q, k, v, decay, beta, SCALE)
         tl.store(out_ptr + row * s_ob + head * s_oh + dv, out.to(out_ptr.dtype.element_ty))
 
 

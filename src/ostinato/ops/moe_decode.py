@@ -16,7 +16,15 @@ chain, about 25 launches a layer. Here:
 * ``experts_down``: one program per (token, block of output columns) reads each chosen expert's down
   rows (and the shared expert's), applies SwiGLU to the gate/up halves on load, and adds the
   weighted outputs (the shared expert's by the sigmoid of its gate) to the residual stream in
-  float32 with one rounding; it returns the sum's square sums per block for the next norm.
+  float32 with one rounding; it returns the sum's square sums per block for the next norm. The
+  experts' loop is software-pipelined, so several experts' tiles are in flight, and the launch is
+  one wave (256 programs at 2048 columns), so the next kernel's programs are already waiting when
+  it ends. A program per (expert, block) with a last-arriver sum (2304 programs: several waves,
+  which delay the next launch) made the 35B-A3B step slower (3472-3479 us against 3369-3382 for
+  an unrolled loop and 3348-3360 for this one, one H100 process).
+
+A routing fed NaN logits (an overflowed stream) still names experts that exist: a bad number
+gives bad tokens, never an out-of-bounds read.
 
 Products of one row are vector passes on the CUDA cores (a weight tile times the row, summed),
 not tensor-core tiles padded to 16 rows: each expert's weights meet one token. Each expert's output
@@ -40,15 +48,16 @@ if HAVE_TRITON:
 # Launch shapes tuned on an H100 with Qwen3.5-35B-A3B's step at one row (the whole step's replay, 40
 # layers): gate/up 16 rows x 256 a tile over 2 warps (512 programs a token) 3777 us against 4246 for
 # 32 x 128 over 4; 8-64 rows, 128-512 wide tiles, 2-8 warps, 2-4 stages were within 2% of it or
-# slower. down 8 columns a program over 4 warps (256 programs a token): 3346 us against 3434 for 16
-# columns (16-64 columns, 1-16 warps: 0-25% slower); routing on one warp (shuffles only) 50 us a step
-# faster than on four.
+# slower. down 8 columns a program over 4 warps, 3 experts' tiles in flight (256 programs a token):
+# 3348-3360 us; 2 or 4 stages 3446-3462, 2 warps 3388, 16 columns 3408-3512, 32 columns 3694;
+# routing on one warp (shuffles only) 50 us a step faster than on four.
 UP_BLOCK_N = 16  # gate/up rows a program
 UP_BLOCK_K = 256
 UP_STAGES = 3
 UP_WARPS = 2
 DOWN_BLOCK_N = 8  # output columns a program
 DOWN_WARPS = 4
+DOWN_STAGES = 3  # the experts' down tiles in flight per program
 ROUTE_WARPS = 1
 SS_COLS = 8  # output columns a square-sum part covers (the next norm sums the parts)
 MAX_TOKENS = 16  # tokens a call serves (a decode step's rows)
@@ -69,13 +78,13 @@ if HAVE_TRITON:
         z = tl.load(logits_ptr + t * sl + e, mask=ok, other=float("-inf")).to(tl.float32)
         p = tl.exp(z - tl.max(z, axis=0))
         p = p / tl.sum(p, axis=0)
-        p = tl.where(ok, p, -1.0)
+        p = tl.where(ok & (p == p), p, -1.0)  # NaN logits (an overflowed stream) never pick an expert past E
         slot = tl.arange(0, BLOCK_TOPK)
         ids = tl.zeros([BLOCK_TOPK], tl.int32)
         wts = tl.zeros([BLOCK_TOPK], tl.float32)
         for j in tl.static_range(TOPK):
             best = tl.max(p, axis=0)
-            index = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)
+            index = tl.minimum(tl.min(tl.where(p == best, e, BLOCK_E), axis=0), E - 1)  # in range, whatever p holds
             ids = tl.where(slot == j, index, ids)
             wts = tl.where(slot == j, best, wts)
             p = tl.where(e == index, -1.0, p)
@@ -124,15 +133,15 @@ if HAVE_TRITON:
         tl.store(h_ptr + p * shm + cols, acc.to(h_ptr.dtype.element_ty), mask=col_ok)
 
     @triton.jit
-    def _swiglu_product(h_row, w_rows, cols_ok, i, i_ok, I):
-        """W_rows @ (silu(gate) * up) for one expert's gate/up halves h_row[:I], h_row[I:2I], each
-        op rounded to the dtype as ``fusion.swiglu`` rounds it; the product rounded as F.linear's."""
+    def _swiglu_product(h_row, wt, i, i_ok, I):
+        """The weight tile wt [columns, inner] @ (silu(gate) * up) for one expert's gate/up halves
+        h_row[:I], h_row[I:2I], each op rounded to the dtype as ``fusion.swiglu`` rounds it; the
+        product rounded as F.linear's."""
         g = tl.load(h_row + i, mask=i_ok, other=0.0)
         u = tl.load(h_row + I + i, mask=i_ok, other=0.0)
         gf = g.to(tl.float32)
         act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
         act = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
-        wt = tl.load(w_rows + i[None, :], mask=cols_ok[:, None] & i_ok[None, :], other=0.0)
         y = tl.sum(wt.to(tl.float32) * act.to(tl.float32)[None, :], axis=1)
         return y.to(g.dtype).to(tl.float32)
 
@@ -140,31 +149,38 @@ if HAVE_TRITON:
     def _experts_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, sh_ptr, sg_ptr, sw_ptr, r_ptr, o_ptr, sso_ptr,
                              shm, swe, swn, ssm, ssw, srm, som, N, I, IS,
                              TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_I: tl.constexpr, BLOCK_IS: tl.constexpr, SS_COLS: tl.constexpr, PDL: tl.constexpr):
+                             BLOCK_I: tl.constexpr, BLOCK_IS: tl.constexpr, SS_COLS: tl.constexpr,
+                             NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
         """Program (column block, token t): out[t, cols] = r[t] + sum_j wts[t, j] * W[ids[t, j]] @
         swiglu(h[t * TOPK + j]) (+ sigmoid(sg[t]) * Ws @ swiglu(sh[t]) with HAS_SHARED, inner size IS),
         float32, one rounding; sso[t, part] = the sum of squares of the rounded outputs in each
-        SS_COLS columns (a part for every SS_COLS of N, whatever BLOCK_N)."""
-        if PDL:
-            pdl_enter()
+        SS_COLS columns (a part for every SS_COLS of N, whatever BLOCK_N). The experts' loop is
+        software-pipelined (their tiles in flight NUM_STAGES deep); the shared expert's tile is loaded
+        before the wait for the kernel before (weights are never its output)."""
         pid_n = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
+        rows = cols.to(tl.int64)[:, None]
+        js = tl.arange(0, BLOCK_IS)
+        js_ok = js < IS
+        if HAS_SHARED:
+            shared_tile = tl.load(sw_ptr + rows * ssw + js[None, :], mask=col_ok[:, None] & js_ok[None, :], other=0.0)
+        if PDL:
+            pdl_enter()
         i = tl.arange(0, BLOCK_I)
         i_ok = i < I
         acc = tl.zeros([BLOCK_N], tl.float32)
-        for j in tl.static_range(TOPK):
+        for j in tl.range(0, TOPK, num_stages=NUM_STAGES):
             p = t * TOPK + j
             expert = tl.load(ids_ptr + p).to(tl.int64)
             weight = tl.load(wts_ptr + p)
-            w_rows = w_ptr + expert * swe + cols.to(tl.int64)[:, None] * swn
-            acc += weight * _swiglu_product(h_ptr + p * shm, w_rows, col_ok, i, i_ok, I)
+            wt = tl.load(w_ptr + expert * swe + rows * swn + i[None, :], mask=col_ok[:, None] & i_ok[None, :], other=0.0)
+            acc += weight * _swiglu_product(h_ptr + p * shm, wt, i, i_ok, I)
         if HAS_SHARED:
             gate = tl.load(sg_ptr + t * ssm).to(tl.float32)
             gate = (1.0 / (1.0 + tl.exp(-gate))).to(sg_ptr.dtype.element_ty).to(tl.float32)
-            js = tl.arange(0, BLOCK_IS)
-            y = _swiglu_product(sh_ptr + t * ssm, sw_ptr + cols.to(tl.int64)[:, None] * ssw, col_ok, js, js < IS, IS)
+            y = _swiglu_product(sh_ptr + t * ssm, shared_tile, js, js_ok, IS)
             acc += (gate * y).to(sg_ptr.dtype.element_ty).to(tl.float32)
         acc += tl.load(r_ptr + t * srm + cols, mask=col_ok, other=0.0).to(tl.float32)
         out = acc.to(o_ptr.dtype.element_ty)
@@ -240,8 +256,8 @@ def experts_down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, down
         h.stride(0), down.stride(0), down.stride(1), s_h.stride(0), s_down.stride(0) if shared is not None else 0,
         residual.stride(0), out.stride(0), hidden, inner, s_down.shape[1],
         TOPK=top_k, HAS_SHARED=shared is not None, BLOCK_N=DOWN_BLOCK_N, BLOCK_I=triton.next_power_of_2(inner),
-        BLOCK_IS=triton.next_power_of_2(s_down.shape[1]), SS_COLS=SS_COLS, num_warps=DOWN_WARPS,
-        **pdl_options(h.device, tokens))
+        BLOCK_IS=triton.next_power_of_2(s_down.shape[1]), SS_COLS=SS_COLS, NUM_STAGES=DOWN_STAGES,
+        num_warps=DOWN_WARPS, **pdl_options(h.device, tokens))
     return out, ss
 
 

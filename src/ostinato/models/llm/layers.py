@@ -318,13 +318,14 @@ class GatedDeltaNet(nn.Module):
 
     def decode(self, x: Normed, conv_state: Tensor, rec_state: Tensor):
         """One token per row from the stream ``x``: (the stream after this block, its square sums or None).
-        Where the kernels run, the conv, gates and delta rule between the two products take two
-        launches (``ops.gated_delta_decode``)."""
+        Where the kernels run, the conv, gates, delta rule and gated norm between the two products
+        take two launches (``ops.gated_delta_decode``)."""
         if self.fused is not None and gated_delta_decode.can_run(x.x, rec_state):
             proj = project_normed(x, self.fused)
-            out = gated_delta_decode.gated_delta_decode_op(proj, conv_state, rec_state, self.conv1d.weight,
-                                                           self.A_log, self.dt_bias, self.k_heads)
-            return self._finish(out, proj[:, self.conv_dim:self.conv_dim + self.value_dim], x.x)
+            normed = gated_delta_decode.gated_delta_decode_op(proj, conv_state, rec_state, self.conv1d.weight,
+                                                              self.A_log, self.dt_bias, self.norm.weight,
+                                                              self.norm.eps, self.k_heads)
+            return project_residual(normed, self.out_proj.weight, None, x.x)
         mixed, z, b, a = self._project(x)
         mixed = mixed[:, :, None]  # [B, C, 1]
         window = torch.cat((conv_state.to(mixed.dtype), mixed), dim=-1)
