@@ -50,7 +50,7 @@ def scan_configs(net, h, st, rows):
     print("scan inputs:", [tuple(a.shape) for a in args])
     want, _ = rule.scan_chunks(*args)
     print(f"pytorch loop: {timed(lambda: rule.scan_chunks(*args)) * 1e3:.2f} ms")
-    for precision in ("ieee", "tf32x3"):
+    for precision in ("ieee", "tf32", "tf32x3"):
         for block in (16, 32, 64):
             for warps in (4, 8):
                 try:

@@ -12,7 +12,9 @@ left is a scan that carries the state from one chunk to the next (three small ma
 per chunk). As PyTorch ops that is ~10 launches per chunk per layer, and a 4k-token prompt spends
 most of its prefill launching them; ``chunk_scan`` runs the whole scan of a layer as one kernel, the
 state tile kept in registers from the first chunk to the last. Its matmuls run in IEEE float32, as
-the PyTorch loop (``models.llm.delta_rule.scan_chunks``) does.
+the PyTorch loop (``models.llm.delta_rule.scan_chunks``) does, for float32 models, and in TF32 for
+half-precision ones (whose inputs carry 8-11 bits): a 4096-token Qwen3.5-2B layer's scan went from
+0.68 to 0.43 ms on an H100.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ...ops import decode_attention as decode_kernels
 from ...ops import delta_rule as delta_kernel
-from ...ops import gated_delta_decode, moe_decode, rotary_cache, skinny
+from ...ops import causal_conv, gated_delta_decode, moe_decode, rotary_cache, skinny
 from ...ops.attention import attention
 from .config import LLMConfig
 from . import fusion
@@ -300,12 +300,17 @@ class GatedDeltaNet(nn.Module):
     def prefill(self, x: Tensor, conv_state: Tensor, rec_state: Tensor, rows: Tensor) -> Tensor:
         g_rows, t, _ = x.shape
         mixed, z, b, a = self._project(x)
-        mixed = mixed.transpose(1, 2)  # [G, C, T]
-        window = torch.cat((conv_state[rows].to(mixed.dtype), mixed), dim=-1)  # the last K-1 inputs, then these
-        conv_state[rows] = window[..., -(self.kernel - 1):].to(conv_state.dtype)
         weight = self.conv1d.weight
-        mixed = F.silu(F.conv1d(window.to(weight.dtype), weight, groups=self.conv_dim)).to(x.dtype)
-        q, k, v, g, beta = self._split(mixed.transpose(1, 2), a, b)
+        held = conv_state[rows].to(mixed.dtype)  # the last K-1 inputs of each row before this chunk
+        if causal_conv.can_run(mixed, conv_state, weight):
+            conv_out = causal_conv.causal_conv(mixed, conv_state, rows, weight)
+        else:
+            window = torch.cat((held, mixed.transpose(1, 2)), dim=-1)  # [G, C, K-1+T]
+            conv_out = F.silu(F.conv1d(window.to(weight.dtype), weight, groups=self.conv_dim)).to(x.dtype)
+            conv_out = conv_out.transpose(1, 2)
+        keep = self.kernel - 1
+        conv_state[rows] = torch.cat((held, mixed[:, -keep:].transpose(1, 2)), dim=-1)[..., -keep:].to(conv_state.dtype)
+        q, k, v, g, beta = self._split(conv_out, a, b)
         # a few rows at a time: the rule's float32 temporaries grow with rows x tokens
         step = max(1, DELTA_RULE_TOKENS // t)
         outs = []
