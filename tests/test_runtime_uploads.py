@@ -29,6 +29,8 @@ def test_upload_batches_in_order_on_the_cpu():
 def test_host_values_to_device():
     got = host_values_to_device([3, 0, 12], torch.device("cpu"))
     assert got.dtype == torch.int64 and got.tolist() == [3, 0, 12]
+    rows = host_values_to_device([[0.5, 1.0], [0.25, 2.0]], torch.device("cpu"), torch.float32)
+    assert rows.dtype == torch.float32 and rows.tolist() == [[0.5, 1.0], [0.25, 2.0]]
 
 
 def test_prepare_gets_each_batch_and_its_arrays():

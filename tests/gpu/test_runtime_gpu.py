@@ -267,3 +267,24 @@ def test_device_loop_failure_steps_down_to_unrolled_steps(monkeypatch):
     graph(4, x=x)
     torch.cuda.synchronize()
     assert count.item() == 3 and total.tolist() == [6.0] * 4
+
+
+def test_host_values_reach_the_device_without_waiting_for_queued_work():
+    """A prefill's rows and settings go up while earlier work is still queued: the call returns
+    before a 0.2-s kernel ahead of it ends, and the values are there once it has."""
+    import time
+
+    from ostinato.runtime import host_values_to_device
+
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(100_000_000)  # some 0.05-0.2 s of GPU clock cycles, queued
+    end.record()
+    t = time.perf_counter()
+    got = host_values_to_device([[1.5, 2.0], [3.0, 4.25]], torch.device("cuda"), torch.float32)
+    returned = time.perf_counter() - t
+    torch.cuda.synchronize()
+    assert returned * 1e3 < start.elapsed_time(end) / 2
+    assert got.tolist() == [[1.5, 2.0], [3.0, 4.25]]

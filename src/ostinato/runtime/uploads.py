@@ -25,10 +25,11 @@ def padded_host_batch(arrays: Sequence[np.ndarray], pinned: bool) -> Tensor:
     return host
 
 
-def host_values_to_device(values: List[int], device: torch.device) -> Tensor:
-    """A small int64 tensor on ``device`` without waiting for the device (``torch.tensor(values,
-    device=cuda)`` copies from pageable memory and so waits for all queued work)."""
-    host = torch.tensor(values, dtype=torch.int64)
+def host_values_to_device(values: Sequence, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+    """A small tensor of ``values`` (numbers, or equal-length lists of them) on ``device`` without
+    waiting for the device (``torch.tensor(values, device=cuda)`` copies from pageable memory and so
+    waits for all queued work)."""
+    host = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

@@ -16,7 +16,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ...runtime import DeviceState, SlotTable, StepGraph
+from ...runtime import DeviceState, SlotTable, StepGraph, host_values_to_device
 from . import fusion
 from .network import DecoderNet
 from .sampling import choose
@@ -165,15 +165,14 @@ class LLMDecoder:
 
     def _prefill_group(self, slots: List[int], requests: List[PromptRequest], sample: bool) -> None:
         st, device = self.state, self.device
-        rows = torch.tensor(slots, device=device)
-        ids = torch.tensor([r.ids for r in requests], dtype=torch.int64).to(device)
-        # the rows' settings in two copies, made before the prefill's launches (a copy from pageable
-        # host memory waits for the work queued ahead of it)
-        floats = torch.tensor([[r.temperature if sample else 1.0 for r in requests], [r.top_p for r in requests]],
-                              dtype=torch.float32).to(device)
-        ints = torch.tensor([[r.top_k for r in requests], [r.seed for r in requests],
-                             [r.max_new_tokens for r in requests], [len(r.ids) for r in requests]],
-                            dtype=torch.int64).to(device)
+        # the rows, prompts and settings through pinned memory: a copy from pageable host memory
+        # would wait for all the work queued ahead of it (an earlier group's prefill, a decode trip)
+        rows = host_values_to_device(slots, device)
+        ids = host_values_to_device([r.ids for r in requests], device)
+        floats = host_values_to_device([[r.temperature if sample else 1.0 for r in requests],
+                                        [r.top_p for r in requests]], device, torch.float32)
+        ints = host_values_to_device([[r.top_k for r in requests], [r.seed for r in requests],
+                                      [r.max_new_tokens for r in requests], [len(r.ids) for r in requests]], device)
         self.net.reset_rows(st, rows)
         hidden = None
         with fusion.enabled(self.compile_step):  # the prefill's norms and gates as one kernel each
