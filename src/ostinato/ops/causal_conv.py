@@ -20,6 +20,9 @@ import torch
 
 from .triton_support import HAVE_TRITON, kernels_can_run, tl, triton
 
+# A 4096-token Qwen3.5-2B layer (6144 channels) on an H100: 144-154 us at 8 x 128 over 4 warps against
+# 547 for PyTorch's concatenation, conv1d and SiLU; 8 x 64 over 2 warps as fast, wider tiles 153-195
+# (16 x 256 spills registers: dev/kernel_resources.py)
 BLOCK_T = 8  # tokens a program
 BLOCK_C = 128  # channels a program
 WARPS = 4
