@@ -63,31 +63,32 @@ def kernels():
 
     from ostinato.ops import causal_conv, delta_rule, gated_delta_decode as gd, moe_decode as moe
 
-    f32 = {name: "*fp32" for name in ("wts_ptr", "sso_ptr", "ss_ptr", "ws_ptr", "state_ptr", "u_ptr", "w_ptr",
-                                      "qd_ptr", "a_ptr", "kt_ptr", "decay_ptr", "out_ptr", "alog_ptr", "dtb_ptr")}
-    ints = {"ids_ptr": "*i32", "lock_ptr": "*i32", "rows_ptr": "*i64"}
-    half = lambda *names: {name: "*bf16" for name in names}  # noqa: E731
+    def pointers(fp32=(), i32=(), i64=()):  # every other pointer is to bfloat16
+        return {**{n: "*fp32" for n in fp32}, **{n: "*i32" for n in i32}, **{n: "*i64" for n in i64}}
+
     return [
-        ("moe routing (256 experts, top 8)", moe._route_kernel, {**f32, **ints, "logits_ptr": "*bf16"},
+        ("moe routing (256 experts, top 8)", moe._route_kernel, pointers(fp32=("wts_ptr",), i32=("ids_ptr",)),
          dict(E=256, BLOCK_E=256, TOPK=8, BLOCK_TOPK=8, NORMALIZE=True, DTYPE=tl.bfloat16, PDL=True), moe.ROUTE_WARPS, 1, 1),
-        ("moe experts' gate/up (1024 x 2048)", moe._experts_up_kernel, {**f32, **ints},
+        ("moe experts' gate/up (1024 x 2048)", moe._experts_up_kernel, pointers(fp32=("ss_ptr",), i32=("ids_ptr",)),
          dict(TOPK=8, BLOCK_N=moe.UP_BLOCK_N, BLOCK_K=moe.UP_BLOCK_K, TILES=2048 // moe.UP_BLOCK_K, NORM=True,
               ZERO_CENTERED=True, SS_BLOCK=256, NUM_STAGES=moe.UP_STAGES, PDL=True),
          moe.UP_WARPS, moe.UP_STAGES, 8 * 1024 // moe.UP_BLOCK_N),
-        ("moe experts' down + shared (2048 x 512)", moe._experts_down_kernel, {**f32, **ints, **half("w_ptr")},
+        ("moe experts' down + shared (2048 x 512)", moe._experts_down_kernel,
+         pointers(fp32=("wts_ptr", "sso_ptr"), i32=("ids_ptr",)),
          dict(TOPK=8, HAS_SHARED=True, BLOCK_N=moe.DOWN_BLOCK_N, BLOCK_I=512, BLOCK_IS=512, SS_COLS=moe.SS_COLS,
               NUM_STAGES=moe.DOWN_STAGES, PDL=True), moe.DOWN_WARPS, moe.DOWN_STAGES, 2048 // moe.DOWN_BLOCK_N),
-        ("gated delta conv (8192 channels)", gd._conv_kernel, {**half("x_ptr", "w_ptr", "out_ptr", "state_ptr")},
+        ("gated delta conv (8192 channels)", gd._conv_kernel, pointers(),
          dict(K=4, BLOCK_T=4, BLOCK_C=gd.CONV_BLOCK, PDL=True), gd.CONV_WARPS, 1, -(-8192 // gd.CONV_BLOCK)),
         ("gated delta rule + norm (32 heads of 128)", gd._delta_kernel,
-         {**f32, **ints, **half("qkv_ptr", "ba_ptr", "out_ptr", "z_ptr", "nw_ptr", "normed_ptr")},
+         pointers(fp32=("alog_ptr", "dtb_ptr", "state_ptr"), i32=("lock_ptr",)),
          dict(KEY_DIM=2048, V_HEADS=32, A_OFF=32, GROUP=2, DK=128, DV=128, BV=32, SCALE=128 ** -0.5, PDL=True),
          gd.DELTA_WARPS, 1, 32 * 4),
         ("prefill conv (6144 channels, 4096 tokens)", causal_conv._causal_conv_kernel,
-         {**ints, **half("x_ptr", "state_ptr", "w_ptr", "out_ptr")},
+         pointers(i64=("rows_ptr",)),
          dict(K=4, BLOCK_T=causal_conv.BLOCK_T, BLOCK_C=causal_conv.BLOCK_C), causal_conv.WARPS, 1,
          -(-4096 // causal_conv.BLOCK_T) * -(-6144 // causal_conv.BLOCK_C)),
-        ("prefill chunk scan, TF32 (16 heads, 128 x 128)", delta_rule._chunk_scan_kernel, f32,
+        ("prefill chunk scan, TF32 (16 heads, 128 x 128)", delta_rule._chunk_scan_kernel,
+         pointers(fp32=("u_ptr", "w_ptr", "qd_ptr", "a_ptr", "kt_ptr", "decay_ptr", "state_ptr", "out_ptr")),
          dict(C=64, DK=128, DV=128, BV=16, PRECISION="tf32"), 8, 1, 16 * 8),
     ]
 
