@@ -8,7 +8,7 @@
 
 The server runs as clients meet it: ``python -m ostinato serve`` in a process of its own (its
 engine thread shares no interpreter lock with the clients), started once per configuration and
-given one untimed pass to capture its graphs. Clients (threads in this process, plain HTTP on the
+given one untimed pass to capture its graphs. Clients (in processes of their own, plain HTTP on the
 loopback) send a mix of 5-s clips and 10-min recordings, cut from and tiled out of the speech clips
 in tests/data/clips (seeded tones and noise where those are missing): at each concurrency every
 client sends its share of the requests one after another. The same requests go to (a) the server
@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import wave
 from pathlib import Path
@@ -138,43 +137,78 @@ class ServerProcess:
 
 def load(url: str, requests, concurrency: int, fields: dict) -> dict:
     """Send ``requests`` [(kind, seconds, wav, index)] from ``concurrency`` clients, each taking the
-    next request when its last is answered: rates, short-clip latencies, and each answer's text."""
-    import httpx
+    next request when its last is answered: rates, short-clip latencies, and each answer's text.
 
-    latencies = {"short": [], "long": []}
-    texts, failures = {}, []
-    lock = threading.Lock()
-    work = list(requests)
+    The clients run in processes of their own (up to one per two CPUs, the clients shared out among
+    them as asyncio tasks), as clients on other machines would: 64 threads of one interpreter queue
+    for its lock while they push 19-MB bodies, and one event loop delays a short request's answer
+    behind the long uploads, so either measured the clients as much as the server."""
+    import multiprocessing
 
-    def client():
-        with httpx.Client(timeout=3600) as http:
-            while True:
-                with lock:
-                    if not work:
-                        return
-                    kind, _, data, index = work.pop(0)
-                start = time.perf_counter()
-                r = http.post(url, files={"file": ("a.wav", data)}, data=fields)
-                took = time.perf_counter() - start
-                with lock:
-                    if r.status_code != 200:
-                        failures.append(f"{r.status_code} {r.text[:300]}")
-                    else:
-                        latencies[kind].append(took)
-                        texts[index] = r.json()["text"]
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    processes = max(1, min(concurrency, (os.cpu_count() or 2) // 2, 16))
+    ctx = multiprocessing.get_context("fork")  # the children inherit the request bodies; they never touch CUDA
+    next_request, start, results = ctx.Value("i", 0), ctx.Barrier(processes + 1), ctx.Queue()
+    shares = [concurrency // processes + (p < concurrency % processes) for p in range(processes)]
+    workers = [ctx.Process(target=_client_process, args=(url, requests, fields, n, next_request, start, results))
+               for n in shares]
+    for w in workers:
+        w.start()
+    start.wait()
+    begin = time.perf_counter()
+    answers = [results.get() for _ in workers]
+    wall = time.perf_counter() - begin
+    for w in workers:
+        w.join()
+    latencies, texts, failures = {"short": [], "long": []}, {}, []
+    for got in answers:
+        failures += got["failures"]
+        texts.update(got["texts"])
+        for kind, took in got["latencies"]:
+            latencies[kind].append(took)
     if failures:
         raise RuntimeError(f"{len(failures)} request(s) failed, the first: {failures[0]}")
     short = sorted(latencies["short"])
     return dict(rate=sum(r[1] for r in requests) / wall, rps=len(requests) / wall, p50=statistics.median(short),
                 p99=short[min(len(short) - 1, int(round(0.99 * (len(short) - 1))))], texts=texts)
+
+
+def _client_process(url, requests, fields, clients: int, next_request, start, results) -> None:
+    """``clients`` asyncio clients in this process, taking requests in turn from ``next_request``."""
+    import asyncio
+
+    import httpx
+
+    out = {"latencies": [], "texts": {}, "failures": []}
+
+    def take():
+        with next_request.get_lock():
+            i = next_request.value
+            next_request.value += 1
+        return requests[i] if i < len(requests) else None
+
+    async def run():
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(timeout=3600, limits=limits) as http:
+            async def client():
+                while (request := take()) is not None:
+                    kind, _, data, index = request
+                    began = time.perf_counter()
+                    r = await http.post(url, files={"file": ("a.wav", data)}, data=fields)
+                    took = time.perf_counter() - began
+                    if r.status_code != 200:
+                        out["failures"].append(f"{r.status_code} {r.text[:300]}")
+                    else:
+                        out["latencies"].append((kind, took))
+                        out["texts"][index] = r.json()["text"]
+
+            start.wait()
+            await asyncio.gather(*(client() for _ in range(clients)))
+
+    try:
+        asyncio.run(run())
+    except Exception as exc:  # noqa: BLE001 - reported by the parent, which then fails
+        out["failures"].append(f"client process: {type(exc).__name__}: {exc}")
+    results.put(out)
 
 
 def _first_difference(served: str, offline: str) -> str:
@@ -203,6 +237,8 @@ def main() -> None:
     parser.add_argument("--speech", default=None,
                         help="a recording to cut the requests from instead of the test clips (a 16-kHz mono "
                              "16-bit WAV needs no PyAV)")
+    parser.add_argument("--servers", nargs="+", choices=("shared", "one"), default=["shared", "one"],
+                        help="which servers to run: shared rows, row sharing off (default: both)")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny random weights, a few short requests")
     args = parser.parse_args()
     if args.smoke:
@@ -256,6 +292,8 @@ def main() -> None:
         results, idle, same, total, differ = {}, {}, 0, 0, []
         shorts = [r for r in requests if r[0] == "short"][:8]
         for label, rows in (("shared", args.batch_size), ("one", 1)):
+            if label not in args.servers:
+                continue
             server = ServerProcess(path, device, dtype, rows, Path(folder) / f"server-{rows}.log")
             try:
                 load(server.url, requests, max(args.concurrency), fields)  # untimed: every graph captured
@@ -284,10 +322,14 @@ def main() -> None:
     for c in args.concurrency:
         cells = []
         for label in ("shared", "one"):
+            if label not in args.servers:
+                cells.append(f"{'(not run)':^42}")
+                continue
             r = results[label, c]
             cells.append(f"{r['rate']:>10.0f}{r['rate'] / offline:>9.0%}{r['rps']:>7.2f}{r['p50']:>8.2f}{r['p99']:>8.2f}")
         print(f"{c:>8} | {cells[0]} | {cells[1]}")
-    print(f"{'idle':>8} | {'':>26}{idle['shared']:>8.2f}{'':>8} | {'':>26}{idle['one']:>8.2f}")
+    print(f"{'idle':>8} | " + " | ".join(f"{'':>26}{idle[label]:>8.2f}{'':>8}" if label in idle else f"{'':>42}"
+                                         for label in ("shared", "one")))
     print("(p50/p99: latency of the 5-s clips; idle: one client sending 5-s clips)")
     print(f"answers equal to transcribe_batch's: {same}/{total}")
     for line in differ:

@@ -37,3 +37,13 @@ def test_prepare_gets_each_batch_and_its_arrays():
     batches = [[np.ones(3, np.float32), np.ones(1, np.float32)], [np.full(2, 2.0, np.float32)]]
     got = list(upload_batches(batches, torch.device("cpu"), prepare=lambda batch, arrays: (batch.sum(1), len(arrays))))
     assert [(s.tolist(), n) for s, n in got] == [([3.0, 1.0], 2), ([4.0], 1)]
+
+
+def test_host_tensor_to_device_keeps_values_and_dtype():
+    from ostinato.runtime import host_tensor_to_device
+
+    host = torch.arange(12, dtype=torch.int16).reshape(3, 4)
+    got = host_tensor_to_device(host, torch.device("cpu"))
+    assert got.dtype == torch.int16 and got.device.type == "cpu" and torch.equal(got, host)
+    mel = torch.randn(1, 80, 30)
+    assert torch.equal(host_tensor_to_device(mel, "cpu"), mel)

@@ -130,3 +130,68 @@ def test_buckets():
     assert bucket_for(5, buckets_up_to(5)) == 5
     with pytest.raises(ValueError):
         buckets_up_to(0)
+
+
+class DeferredRun(CountdownRun):
+    """A run whose advance finishes on a pretend device: ``ready`` only once the test says so; it
+    admits while advancing and can be asked to stop early."""
+
+    admits_while_advancing = True
+
+    def __init__(self, key, slots, log):
+        super().__init__(key, slots, log)
+        self.ready, self.stepped = True, set()
+
+    def admit(self, items):
+        slots = super().admit(items)
+        self.stepped -= set(slots)
+        return slots
+
+    def advance(self, refill):
+        super().advance(refill)
+        self.ready, self.stepped = False, set(self.slots())
+
+    def stop_soon(self):
+        self.log.append(("stop_soon",))
+
+    def collect(self):
+        finished = {slot: (self.key, value[1]) for slot, value in self.items()
+                    if value[0] <= 0 and slot in self.stepped}
+        for slot in finished:
+            self.release(slot)
+        return finished
+
+
+def test_admission_while_an_advance_runs_waits_for_the_next_one():
+    """admit / advance / collect one at a time, as a server's engine drives them: a request admitted
+    while the device is still on an advance asks the run to stop early, is not reported by that
+    advance's collect, and steps from the next advance on; no run is opened while advancing."""
+    log, results = [], {}
+    scheduler = RowScheduler(lambda key: DeferredRun(key, 2, log))
+    done = lambda name: lambda r, e: results.setdefault(name, r)  # noqa: E731
+    scheduler.submit("k", 1, done("a"))
+    assert scheduler.admit(while_advancing=True) == 0  # no run is open: none is opened mid-advance
+    assert scheduler.admit() == 1 and scheduler.advance()
+    run = scheduler._run
+    assert not scheduler.ready
+    scheduler.submit("k", 0, done("b"))  # would count as finished at once, were it collected now
+    assert scheduler.admit(while_advancing=True) == 1
+    assert log[-1] == ("stop_soon",)
+    run.ready = True
+    assert scheduler.ready and scheduler.collect() == 1  # a only: b came after that advance
+    assert results == {"a": ("k", 1)}
+    assert scheduler.advance() and scheduler.collect() == 1
+    assert results == {"a": ("k", 1), "b": ("k", 0)} and scheduler.idle
+
+
+def test_a_run_that_cannot_admit_while_advancing_is_left_alone():
+    log = []
+    scheduler = _scheduler(2, log)
+    scheduler.submit("k", 2, lambda r, e: None)
+    scheduler.admit()
+    scheduler.advance()
+    scheduler.submit("k", 1, lambda r, e: None)
+    assert scheduler.admit(while_advancing=True) == 0 and scheduler.waiting == 1
+    assert scheduler.ready  # a run without the property never makes collect wait
+    scheduler.collect()
+    assert scheduler.admit() == 1

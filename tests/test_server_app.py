@@ -145,6 +145,31 @@ def test_an_upload_without_a_length_is_cut_off_at_the_limit(app_and_service):
     assert r.status_code == 200 and r.json()["text"] == "word0 word1"
 
 
+def test_an_upload_under_the_limit_is_parsed_in_memory(monkeypatch):
+    """A 3-MB upload (past Starlette's 1-MB spool) never goes to a temporary file: the server reads
+    it whole anyway, and a file's chunk-by-chunk writes cost the event loop 10x the parse."""
+    import tempfile
+
+    from fastapi.testclient import TestClient
+    from starlette import formparsers
+
+    rolled = []
+
+    class Watched(tempfile.SpooledTemporaryFile):
+        def rollover(self):
+            rolled.append(self)
+            super().rollover()
+
+    monkeypatch.setattr(formparsers, "SpooledTemporaryFile", Watched)
+    service = FakeService()
+    with TestClient(create_app({"fake": service}, max_upload_mb=8), raise_server_exceptions=False) as client:
+        big = _wav(seconds=100.0)
+        assert len(big) > 3_000_000
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", big)}, data={"model": "fake"})
+    assert r.status_code == 200, r.text
+    assert not rolled
+
+
 def test_every_answer_gives_its_queue_place_back(app_and_service):
     client, service = app_and_service
     wav = _wav()

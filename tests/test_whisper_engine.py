@@ -162,3 +162,76 @@ def test_audio_workers_leave_the_cpu_threads_to_the_engine(model, data_dir):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_collect_reports_only_the_windows_the_last_advance_stepped(model):
+    """A window cancelled after its last step but before the look at the rows, and a new window put
+    into its slot meanwhile (as a server's engine admits while the device steps): the look reports
+    nothing for that slot; the new window comes back later with the tokens it gets alone."""
+    from ostinato.models.whisper.search import SearchOptions, WindowJob, WindowRequest
+
+    tok, dims = model.tokenizer, model.dims
+    features = torch.randn(1, dims.n_audio_ctx, dims.n_audio_state, generator=torch.Generator().manual_seed(3))
+    prompt = [tok.sot, tok.no_timestamps]
+    short = WindowRequest(prompt, False, 50, 1, rng_seed=0)  # done after one step
+    longer = WindowRequest(prompt, False, 50, 6, rng_seed=0)
+    (alone,) = model.decode(features, [longer], [], [])
+    run = model.batch_decoder(2, 2).start(SearchOptions(), [], [], 2)
+    (slot,) = run.admit([WindowJob(features, short)])
+    run.advance()
+    run.evict(slot)
+    assert run.admit([WindowJob(features, longer)]) == [slot]
+    assert run.collect() == {}
+    for _ in range(10):
+        run.advance()
+        got = run.collect()
+        if got:
+            break
+    assert list(got) == [slot] and got[slot].tokens == alone.tokens and len(alone.tokens) > 1
+
+
+def test_an_audio_starts_when_submitted_not_at_the_engines_next_round(model, data_dir):
+    """Its worker reads the audio and asks for features at once, though no engine thread runs yet."""
+    engine = model.engine(batch_size=2, max_search=1)
+    job = engine.submit(_clip(data_dir, "c01_hello_short.flac"), TranscribeOptions(**GREEDY))
+    deadline = time.time() + 30
+    while engine._waiting == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine._waiting == 1 and engine.stats()["running"] == 1
+    engine.start()
+    segments, _ = job.result(timeout=120)
+    engine.shutdown()
+    assert segments
+
+
+def test_features_on_their_way_are_handed_over_by_the_engine_thread(model, data_dir, monkeypatch):
+    """On CUDA an audio's features come back by a copy the engine thread watches; the worker waits
+    for the engine to say it landed (no CUDA call of its own). Here a copy that lands only at the
+    engine's fifth look: the engine keeps looking while it has nothing else to do, and the result
+    is the one without the delay."""
+    from ostinato.models.whisper import engine as engine_module
+
+    looks = []
+
+    class SlowCopy(engine_module._OnTheWay):
+        def __init__(self, device_tensor):
+            super().__init__(device_tensor)
+            self._landed.clear()
+            self._looks = 0
+
+        def arrived(self):
+            self._looks += 1
+            looks.append(self._looks)
+            if self._looks >= 5:
+                self._landed.set()
+            return self._landed.is_set()
+
+    clip = _clip(data_dir, "c01_hello_short.flac")
+    want = _texts(model.transcribe_batch([clip], batch_size=2, **GREEDY)[0][0])
+    monkeypatch.setattr(engine_module, "_OnTheWay", SlowCopy)
+    engine = model.engine(batch_size=2, max_search=1)
+    engine.start()
+    job = engine.submit(clip, TranscribeOptions(**GREEDY))
+    segments, _ = job.result(timeout=120)
+    engine.shutdown()
+    assert _texts(segments) == want and max(looks) >= 5

@@ -126,14 +126,14 @@ def test_batched_chunks_of_many_audios_share_the_rows(model, refs, recordings, m
     from ostinato.runtime import scheduler
 
     admitted = []
-    original = scheduler.RowScheduler._admit
+    original = scheduler.RowScheduler.admit
 
-    def counting(self):
+    def counting(self, *args, **kwargs):
         before = len(self._admitted)
-        original(self)
+        original(self, *args, **kwargs)
         admitted.append(len(self._admitted) - before)
 
-    monkeypatch.setattr(scheduler.RowScheduler, "_admit", counting)
+    monkeypatch.setattr(scheduler.RowScheduler, "admit", counting)
     names = list(recordings)
     outcomes = model.transcribe_batch([recordings[n] for n in names], batch_size=8, batched=True,
                                       word_timestamps=True)

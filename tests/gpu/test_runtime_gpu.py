@@ -188,13 +188,16 @@ def test_unrolled_steps_per_replay_and_ladder_step_down():
     assert state.tolist() == [4.0] * 4
 
 
-def _counting_loop(device, target: int, **options):
-    """A step that counts and accumulates; its guard keeps going while the count is under ``target``."""
+def _counting_loop(device, target: int, slow: bool = False, **options):
+    """A step that counts and accumulates; its guard keeps going while the count is under ``target``.
+    ``slow``: each step also spins some 0.1 ms on the device."""
     count = torch.zeros(1, dtype=torch.int64, device=device)
     total = torch.zeros(4, device=device)
     limit = torch.tensor([target], device=device)
 
     def step(rows, x):
+        if slow:
+            torch.cuda._sleep(200_000)
         count.add_(1)
         total[:rows].add_(x * count)  # depends on the step number: a skipped or repeated step shows
         return total[:rows]
@@ -288,3 +291,32 @@ def test_host_values_reach_the_device_without_waiting_for_queued_work():
     torch.cuda.synchronize()
     assert returned * 1e3 < start.elapsed_time(end) / 2
     assert got.tolist() == [[1.5, 2.0], [3.0, 4.25]]
+
+
+def test_device_loop_stops_soon_when_the_host_asks():
+    """A loop whose guard never turns false runs to its trip limit; asked from the host while it
+    runs, it ends after the trip under way (at least one), and the next launch runs in full again."""
+    import time
+
+    _needs_device_loop()
+    device = torch.device("cuda")
+    graph, count, _ = _counting_loop(device, target=10**9, steps_per_replay=1, max_loop_trips=2000,
+                                     slow=True)
+    x = torch.ones(4, device=device)
+    graph.capture(4, x=x)
+    count.zero_()
+    graph(4, x=x)
+    torch.cuda.synchronize()
+    assert count.item() == 2000  # never asked: every trip
+    count.zero_()
+    graph(4, x=x)
+    time.sleep(0.03)  # some of the 0.2 s of trips run meanwhile
+    graph.stop_soon()
+    torch.cuda.synchronize()
+    stopped_at = count.item()
+    assert 1 <= stopped_at < 2000
+    count.zero_()
+    graph.stop_soon()  # before a launch: that launch clears it
+    graph(4, x=x)
+    torch.cuda.synchronize()
+    assert count.item() == 2000

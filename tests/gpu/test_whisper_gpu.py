@@ -90,6 +90,53 @@ def test_prefill_graphs_serve_every_row_and_slot(data_dir):
     assert keys and all(k.tokens == 1 and k.logits_at == 0 and k.windows & (k.windows - 1) == 0 for k in keys), keys
 
 
+def test_engine_admitting_while_rows_step_gives_each_audio_its_own_result(data_dir):
+    """A server's engine on CUDA: audios arrive while others decode, so windows are admitted while
+    an advance runs (prefill queued behind it, the advance cut short) and encoded on a side stream
+    beside the steps. Each audio gets the tokens it gets alone (the one-audio decoder, no engine)."""
+    import threading
+    import time
+
+    from ostinato.runtime import scheduler
+
+    model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
+    audios = [noise(s, seed=40 + i) for i, s in enumerate((95.0, 4.0, 61.0, 7.5, 3.0, 33.0, 12.0, 5.0))]
+    opts = dict(beam_size=1, best_of=1, temperature=0.0, max_new_tokens=40)
+    alone = [tokens_of(model, audio, max_new_tokens=40) for audio in audios]
+    during = []
+    original = scheduler.RowScheduler.admit
+
+    def counting(self, while_advancing=False):
+        admitted = original(self, while_advancing)
+        if while_advancing:
+            during.append(admitted)
+        return admitted
+
+    scheduler.RowScheduler.admit = counting
+    try:
+        engine = model.engine(batch_size=4, max_search=1)
+        engine.start()
+        jobs, lock = [None] * len(audios), threading.Lock()
+
+        def send(i):
+            time.sleep(0.02 * i)  # arrivals spread over the first windows' steps
+            job = engine.submit(audios[i], model.options(**opts))
+            with lock:
+                jobs[i] = job
+
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(len(audios))]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        results = [job.result(timeout=300) for job in jobs]
+        engine.shutdown()
+    finally:
+        scheduler.RowScheduler.admit = original
+    assert [[s.tokens for s in segments] for segments, _ in results] == alone
+    assert sum(during) > 0  # some windows were admitted while the rows stepped
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("timestamps", [True, False])
 def test_random_model_graph_equals_eager(data_dir, dtype, timestamps):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ostinato.audio.decode import SAMPLE_RATE
 from ostinato.errors import AudioError
+from ostinato.runtime.uploads import host_tensor_to_device
 
 N_FFT = 400  # samples per STFT frame (25 ms)
 HOP_LENGTH = 160  # samples between frames (10 ms)
@@ -96,7 +97,7 @@ def _as_tensor(audio, device) -> torch.Tensor:
     if tensor.ndim != 1:
         raise AudioError(f"expected 1-D audio samples, got shape {tuple(tensor.shape)}")
     if device is not None:
-        tensor = tensor.to(device)
+        tensor = host_tensor_to_device(tensor, device)  # not waiting for the device's queued work
     return tensor.to(torch.float32)
 
 

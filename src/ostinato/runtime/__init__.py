@@ -8,7 +8,7 @@ from .device import (
 from .graphs import DECODE_LOOPS, StepGraph, graphs_supported, loop_rung, resolve_decode_loop
 from .scheduler import RowScheduler, SlotTable, Ticket, store_at
 from .state import DeviceState, concat_rows
-from .uploads import host_values_to_device, padded_host_batch, upload_batches
+from .uploads import host_tensor_to_device, host_values_to_device, padded_host_batch, upload_batches
 from .weights import MemoryReport, duplicated_parameters, memory_report, place_module, storage_bytes
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "default_cpu_threads",
     "duplicated_parameters",
     "graphs_supported",
+    "host_tensor_to_device",
     "host_values_to_device",
     "loop_rung",
     "memory_report",

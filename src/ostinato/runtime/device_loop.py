@@ -9,7 +9,8 @@ driver API through cuda-python (the ``cuda-bindings`` package):
   gate) and the *body* (the unrolled steps, the guard, then the gate);
 * the gate is a one-thread kernel, compiled once per device with NVRTC, that sets the loop's
   conditional handle from the guard's flag, and bounds the number of trips so a guard that never
-  turns false cannot hang the device;
+  turns false cannot hang the device; it also reads a flag in pinned host memory, so the host can
+  end a running loop early (``stop_soon``: work that waits for the rows) without a CUDA call;
 * the parent graph is head -> WHILE(body), each embedded as a child-graph node; it is instantiated
   and launched with the driver API on PyTorch's current stream.
 
@@ -31,11 +32,13 @@ extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphC
                                                                       unsigned int value);
 
 extern "C" __global__ void ostinato_loop_gate(cudaGraphConditionalHandle handle, const bool* keep_going,
-                                              int* trips, int max_trips, int entering)
+                                              int* trips, int max_trips, int entering, const volatile int* stop)
 {
     int done = entering ? 0 : trips[0] + 1;  // trips of the body completed in this launch
     trips[0] = done;
-    cudaGraphSetConditional(handle, (keep_going[0] && done < max_trips) ? 1u : 0u);
+    // stop: pinned host memory the host may set while the loop runs (read over the bus, never cached)
+    bool go = keep_going[0] && done < max_trips && (entering || stop[0] == 0);
+    cudaGraphSetConditional(handle, go ? 1u : 0u);
 }
 """
 _GATE_NAME = b"ostinato_loop_gate"
@@ -141,6 +144,10 @@ class DeviceLoop:
         # The head sets the handle before the node runs, so its launch default is never used.
         self._handle = _check(self.driver.cuGraphConditionalHandleCreate(self._graph, self._context, 0, 0))
         self.trips = torch.zeros(1, dtype=torch.int32, device=device)  # body trips of the last launch
+        # Set by the host (stop_soon) while a launch runs: the gate ends the loop at its next look.
+        # Pinned memory is mapped into the device's address space at the same address (UVA).
+        self._stop = torch.zeros(1, dtype=torch.int32).pin_memory()
+        self._stop_flag = self._stop.numpy()
         self._keep = []  # PyTorch graphs whose memory the loop addresses
 
     def gate(self, keep_going: torch.Tensor, entering: bool) -> None:
@@ -154,6 +161,7 @@ class DeviceLoop:
             ctypes.c_void_p(self.trips.data_ptr()),
             ctypes.c_int(self.max_trips),
             ctypes.c_int(1 if entering else 0),
+            ctypes.c_void_p(self._stop.data_ptr()),
         )
         pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         stream = self.driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
@@ -177,9 +185,16 @@ class DeviceLoop:
         self._keep = [head, body]
 
     def launch(self) -> None:
-        """Run the loop on the current stream (asynchronously, like a graph replay)."""
+        """Run the loop on the current stream (asynchronously, like a graph replay). A launch waits
+        for the last one on its stream, so the stop flag is the new launch's from here on."""
+        self._stop_flag[0] = 0
         stream = self.driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         _check(self.driver.cuGraphLaunch(self._exec, stream))
+
+    def stop_soon(self) -> None:
+        """End the running launch at its next look at the guard (after the body trip under way; at
+        least one trip always runs). No CUDA call: a write to host memory the gate reads."""
+        self._stop_flag[0] = 1
 
     def __del__(self):
         driver = getattr(self, "driver", None)

@@ -146,6 +146,7 @@ class StepGraph:
         self._pool = pool
         self._captured: Dict[Hashable, _Captured] = {}
         self._eager_buckets: set = set()
+        self._running_loop = None  # the device loop launched last, which stop_soon ends
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -286,10 +287,17 @@ class StepGraph:
         self._bind(entry, inputs)
         if entry.rung == "loop":
             entry.graph.launch()
+            self._running_loop = entry.graph
             return entry.outputs
         for _ in range(entry.repeats):
             entry.graph.replay()
         return entry.outputs
+
+    def stop_soon(self) -> None:
+        """Ask the device loop launched last to stop at its next look at the guard, as if the guard
+        had said stop (a call on another rung runs its K steps anyway: nothing to do)."""
+        if self._running_loop is not None:
+            self._running_loop.stop_soon()
 
     def _bind(self, entry: _Captured, inputs: Dict[str, torch.Tensor]) -> None:
         if set(inputs) != set(entry.inputs):

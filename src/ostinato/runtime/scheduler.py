@@ -19,7 +19,15 @@ A family supplies ``open_run(key) -> run``; a run has:
   otherwise run on until every row has);
 * ``collect() -> {slot: result}``: the requests that finished; their slots become free;
 * optionally ``evict(slot)``: give a slot back before its request finished (a cancelled request):
-  its rows stop stepping and are free at once.
+  its rows stop stepping and are free at once;
+* optionally ``ready`` (a property): whether ``collect`` would return without waiting for the
+  device (absent: always), and ``admits_while_advancing``: whether ``admit`` may be called while an
+  advance is still running on the device (its work queued behind it; ``collect`` then still reports
+  only the requests that advance stepped), and ``stop_soon()``: end that advance early, so the
+  requests admitted meanwhile start stepping.
+
+``step`` does one whole round. A thread that has other host work (a server's engine) calls
+``admit``, ``advance`` and ``collect`` itself, and works while the device advances (``ready``).
 
 ``SlotTable`` is the bookkeeping most runs need for their slots.
 """
@@ -158,15 +166,46 @@ class RowScheduler:
 
     def step(self) -> bool:
         """One round: open a run if needed, admit, advance once, collect. Returns whether work remains."""
-        self._admit()
-        run = self._run
-        if run is not None and run.busy:
-            run.advance(bool(self._waiting) and self._waiting[0].key == self._run_key)
-            for slot, result in run.collect().items():
-                ticket = self._admitted.pop(slot)
-                if not ticket.cancelled:
-                    ticket.done(result, None)
+        self.admit()
+        if self.advance():
+            self.collect()
         return not self.idle
+
+    def admit(self, while_advancing: bool = False) -> int:
+        """Load waiting requests into the open run's free slots (opening a run for the head request's
+        key when none is busy). ``while_advancing``: an advance may still be running on the device;
+        then only a run that ``admits_while_advancing`` takes requests, and no run is opened.
+        Returns how many were admitted."""
+        if while_advancing and not getattr(self._run, "admits_while_advancing", False):
+            return 0
+        admitted = self._admit(open_run=not while_advancing)
+        if admitted and while_advancing and hasattr(self._run, "stop_soon"):
+            self._run.stop_soon()  # they step from the next advance on: let it come soon
+        return admitted
+
+    def advance(self) -> bool:
+        """Launch one advance of the open run if it has busy slots; returns whether it did."""
+        run = self._run
+        if run is None or not run.busy:
+            return False
+        run.advance(bool(self._waiting) and self._waiting[0].key == self._run_key)
+        return True
+
+    @property
+    def ready(self) -> bool:
+        """Whether ``collect`` would not wait for the device."""
+        return self._run is None or getattr(self._run, "ready", True)
+
+    def collect(self) -> int:
+        """Hand the requests the last advance finished to their callbacks; returns how many."""
+        if self._run is None:
+            return 0
+        finished = self._run.collect()
+        for slot, result in finished.items():
+            ticket = self._admitted.pop(slot)
+            if not ticket.cancelled:
+                ticket.done(result, None)
+        return len(finished)
 
     def run_until_idle(self) -> None:
         while self.step():
@@ -183,11 +222,13 @@ class RowScheduler:
                 ticket.done(None, error)
 
     # -- inside ------------------------------------------------------------------------------------
-    def _admit(self) -> None:
+    def _admit(self, open_run: bool = True) -> int:
         if not self._waiting:
-            return
+            return 0
         head = self._waiting[0].key
         if self._run is None or (not self._run.busy and head != self._run_key):
+            if not open_run:
+                return 0
             self._run = None  # its rows go back before the next run is opened
             self._run_key = head
             self._run = self._open_run(head)
@@ -199,6 +240,7 @@ class RowScheduler:
         if batch:
             for slot, ticket in zip(run.admit([t.item for t in batch]), batch):
                 self._admitted[slot] = ticket
+        return len(batch)
 
 
 def store_at(results: list, index: int) -> Callable[[Any, Optional[BaseException]], None]:

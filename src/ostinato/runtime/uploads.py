@@ -29,10 +29,17 @@ def host_values_to_device(values: Sequence, device: torch.device, dtype: torch.d
     """A small tensor of ``values`` (numbers, or equal-length lists of them) on ``device`` without
     waiting for the device (``torch.tensor(values, device=cuda)`` copies from pageable memory and so
     waits for all queued work)."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return host_tensor_to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def host_tensor_to_device(tensor: Tensor, device) -> Tensor:
+    """``tensor`` on ``device``; from the host to a GPU through pinned memory, so the call returns
+    without waiting for the work queued on the current stream (a copy from pageable memory waits for
+    it). The copy is ordered on the current stream like any other work."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def upload_batches(batches: Iterable[Sequence[np.ndarray]], device: torch.device, ahead: int = 2,

@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from importlib import resources
 from typing import Any, Callable, Dict, Optional
 
@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from ..audio import load_audio
 from ..errors import AudioError, InvalidOptionError, OstinatoError
@@ -160,7 +161,7 @@ def create_app(services: Dict[str, Any], *, api_key: Optional[str] = None, max_u
         # The body is counted as it arrives, so an upload without a length is cut off at the limit too.
         request = Request(request.scope, _counted(request.receive, max_bytes + 64 * 1024))
         try:
-            form = await request.form(max_files=1, max_fields=64)
+            form = await _read_form(request, max_bytes + 64 * 1024)
         except _UploadTooLarge:
             raise too_large from None
         try:
@@ -342,6 +343,30 @@ async def _hung_up(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class _UploadParser(MultiPartParser):
+    """Starlette's multipart parser, keeping a file part in memory up to ``spool_max_size`` bytes.
+    Every upload is read whole right after parsing anyway; spooled past Starlette's 1 MB, a file part
+    goes to a temporary file a worker-thread write per chunk (a 19-MB WAV: 60-75 ms, against 6 ms in
+    memory, while the event loop serves every other client)."""
+
+    def __init__(self, *args, spool_max_size: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spool_max_size = spool_max_size
+
+
+async def _read_form(request: Request, limit: int):
+    """The request's form: a multipart body parsed in memory up to ``limit`` bytes a file."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        return await request.form(max_files=1, max_fields=64)
+    try:
+        async with aclosing(request.stream()) as stream:
+            return await _UploadParser(request.headers, stream, max_files=1, max_fields=64,
+                                       spool_max_size=limit).parse()
+    except MultiPartException as exc:
+        raise ApiError(400, f"the multipart form cannot be read: {exc.message}") from None
 
 
 def _counted(receive, limit: int):

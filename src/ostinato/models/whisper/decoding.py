@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from ...runtime import (
-    DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, loop_rung, resolve_decode_loop,
-    store_at,
+    DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, host_values_to_device, loop_rung,
+    resolve_decode_loop, store_at,
 )
 from . import rules_kernel
 from .beam import BeamSearch
@@ -172,6 +172,7 @@ class WindowDecoder:
         self._prefill_graph = StepGraph(self._prefill_head, device, use_graphs=use_graphs, name="whisper prefill")
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
+        self._snapshot_buffers = None  # pinned host copies of the rows collect reads (CUDA)
         self.seed(0)
 
     @property
@@ -499,34 +500,42 @@ class WindowDecoder:
         audio_features = concat_rows([j.audio_features for j in jobs])  # a view when they were one batch
         requests = [j.request for j in jobs]
         first_rows = [slot * per for slot in slots]
-        index = torch.tensor(list(slots), device=self.device)
+        # Values go up through pinned memory: a pageable copy would wait for the rows' running steps.
+        index = host_values_to_device(list(slots), self.device)
         for w in range(len(jobs)):  # one window at a time: its values do not depend on the others
             self._cross_graph(CrossKey(), features=audio_features[w : w + 1], index=index[w : w + 1])
         written = self._prefill(first_rows, slots, requests)
         for first, req, filled in zip(first_rows, requests, written):
             window = req.rng_seed if req.rng_seed is not None else 0
-            keys = torch.tensor([row_seed(window, j) for j in range(per)], dtype=torch.int64)
+            keys = host_values_to_device([row_seed(window, j) for j in range(per)], self.device)
             st["rng_key"][first : first + per].copy_(keys)
             if per > 1:
                 self.copy_row(first, range(first + 1, first + per), filled)
 
-    def read_rows(self, rows: Sequence[int]) -> Tuple[list, list, list, list]:
-        """(n_generated, out_tokens, sum_logprob, no_speech) of ``rows``, as Python lists."""
+    def snapshot_rows(self, rows: int) -> "RowSnapshot":
+        """What ``collect`` reads of the first ``rows`` rows (done flags, tokens, scores), as the work
+        queued so far leaves them. On CUDA the copies go to pinned host memory behind that work
+        without waiting for it, so a caller may queue more (the next windows' prefill) before it
+        reads them; on the CPU they are copied now."""
+        names = ("done", "n_generated", "out_tokens", "sum_logprob", "no_speech")
         st = self.state
-        index = torch.tensor(list(rows), device=self.device)
-        return (
-            st["n_generated"].index_select(0, index).tolist(),
-            st["out_tokens"].index_select(0, index).tolist(),
-            st["sum_logprob"].index_select(0, index).tolist(),
-            st["no_speech"].index_select(0, index).tolist(),
-        )
+        if self.device.type != "cuda":
+            return RowSnapshot({name: st[name][:rows].clone() for name in names}, None)
+        if self._snapshot_buffers is None:
+            self._snapshot_buffers = {name: torch.empty_like(st[name], device="cpu").pin_memory() for name in names}
+        host = {name: self._snapshot_buffers[name][:rows] for name in names}
+        for name in names:
+            host[name].copy_(st[name][:rows], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return RowSnapshot(host, event)
 
     def copy_row(self, source: int, targets: Sequence[int], filled: int) -> None:
         """Copy row ``source``'s state into ``targets``, and the first ``filled`` positions of its
         self-attention caches: the later ones are never read before a step writes them (the whole
         row of large-v3's caches is 37 MB a copy; a prompt head is a few positions)."""
         st = self.state
-        index = torch.tensor(list(targets), device=self.device)
+        index = host_values_to_device(list(targets), self.device)
         for name in self.ROW_BUFFERS:
             buf = st[name]
             row = buf[source : source + 1].clone()  # a copy: source and targets share the buffer
@@ -588,16 +597,54 @@ class WindowDecoder:
         of position ``logits_at``."""
         windows, length = len(heads), len(heads[0])
         key = PrefillKey(windows, length, logits_at)
-        tokens = torch.tensor(heads, dtype=torch.long, device=self.device)
+        tokens = host_values_to_device(heads, self.device)
         positions = torch.arange(length, device=self.device).repeat(windows, 1)
         graphed = length <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs
         if windows == 1 and not graphed:  # eager: views of the row and slot, no index tensor to upload
             logits = self._prefill_head(key, tokens, positions, rows[0], slots[0])
         else:
-            where = torch.tensor(rows + slots, device=self.device)  # inputs: one capture serves every row
+            where = host_values_to_device(rows + slots, self.device)  # inputs: one capture serves every row
             run = self._prefill_graph if graphed else self._prefill_head
             logits = run(key, tokens=tokens, positions=positions, rows=where[:windows], slots=where[windows:])
         return logits[:, 0]
+
+    # A row's loop state as admission sets it: (buffer, value of the row's plan and request).
+    _ROW_INTS = (
+        ("token", lambda plan, req: plan.start),
+        ("position", lambda plan, req: plan.length - 1),
+        ("n_generated", lambda plan, req: 0),
+        ("max_new", lambda plan, req: req.max_new_tokens),
+        ("timestamps", lambda plan, req: int(req.timestamps)),
+        ("max_initial_timestamp", lambda plan, req: req.max_initial_timestamp_index),
+        ("last", lambda plan, req: -1),
+        ("penultimate", lambda plan, req: -1),
+        ("last_timestamp", lambda plan, req: -1),
+        ("sample_begin", lambda plan, req: len(plan.prefix)),
+        ("no_speech_at_step", lambda plan, req: int(plan.sot_index == plan.length - 1)),
+        ("done", lambda plan, req: 0),
+    )
+
+    def _set_rows(self, rows: Sequence[int], requests: Sequence[WindowRequest], plans: List[_PromptPlan],
+                  no_speech: Dict[int, Tensor]) -> None:
+        """Every admitted row's loop state in a few launches from one upload. Writing a Python number
+        into one element of a CUDA tensor copies it from pageable memory, which waits for all queued
+        work (the rows' running steps): none is written that way here."""
+        st = self.state
+        values = [[get(plan, req) for plan, req in zip(plans, requests)] for _, get in self._ROW_INTS]
+        longest = max(len(plan.prefix) for plan in plans)
+        prefixes = [list(plan.prefix) + [self.tokenizer.eot] * (longest - len(plan.prefix)) for plan in plans]
+        upload = host_values_to_device([list(rows)] + values, self.device)
+        index, columns = upload[0], upload[1:]
+        for (name, _), column in zip(self._ROW_INTS, columns):
+            st[name].index_copy_(0, index, column.to(st[name].dtype))
+        st["sum_logprob"].index_fill_(0, index, 0.0)
+        st["seen"].index_fill_(0, index, False)
+        if no_speech:  # read at the prompt head's start-of-transcript position; the others' at their first step
+            kept = [no_speech[i] if i in no_speech else st["no_speech"][row] for i, row in enumerate(rows)]
+            st["no_speech"].index_copy_(0, index, torch.stack(kept))
+        if longest:
+            prefix = host_values_to_device(prefixes, self.device)
+            st["prefix_tokens"][:, :longest].index_copy_(0, index, prefix)
 
     def _prefill(self, rows: Sequence[int], slots: Sequence[int], requests: Sequence[WindowRequest]) -> List[int]:
         """Run each prompt's context into its row's KV cache (on its window's cross-attention slot);
@@ -607,7 +654,6 @@ class WindowDecoder:
         sequence; decoding starts from that token, and the prompt's remaining tokens are forced.
         Heads of one length (and start-of-transcript position) prefill together (``prefill_groups``).
         """
-        st = self.state
         tok = self.tokenizer
         plans = []
         for req in requests:
@@ -632,28 +678,24 @@ class WindowDecoder:
                                              [slots[i] for i in group], logits_at)
                 for i, row_logits in zip(group, logits):  # read now: a graph's output is overwritten by its next replay
                     no_speech[i] = torch.softmax(row_logits, dim=-1)[tok.no_speech]  # the logits at sot_index
-        for i, (row, req) in enumerate(zip(rows, requests)):
-            sot_index, length, head, start, prefix = plans[i]
-            no_speech_at_step = sot_index == length - 1
-            if not no_speech_at_step:
-                st["no_speech"][row] = no_speech[i]
-            st["no_speech_at_step"][row] = no_speech_at_step
-            st["token"][row] = start
-            st["position"][row] = length - 1
-            st["n_generated"][row] = 0
-            st["max_new"][row] = req.max_new_tokens
-            st["timestamps"][row] = req.timestamps
-            st["max_initial_timestamp"][row] = req.max_initial_timestamp_index
-            st["last"][row] = -1
-            st["penultimate"][row] = -1
-            st["last_timestamp"][row] = -1
-            st["sum_logprob"][row] = 0.0
-            st["sample_begin"][row] = len(prefix)
-            if prefix:
-                st["prefix_tokens"][row, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
-            st["seen"][row] = False
-            st["done"][row] = False
+        self._set_rows(rows, requests, plans, no_speech)
         return [len(plan.head) for plan in plans]
+
+
+class RowSnapshot:
+    """Host copies of the rows' results at one point of the device's work (``snapshot_rows``)."""
+
+    def __init__(self, host: Dict[str, Tensor], event):
+        self._host, self._event = host, event
+
+    @property
+    def ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def read(self) -> Dict[str, Tensor]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host
 
 
 class GreedyRun(SlotTable):
@@ -686,13 +728,26 @@ class GreedyRun(SlotTable):
         decoder.set_rules(suppress, suppress_at_begin, options)
         self.rows = rows
         super().__init__(windows)  # busy slot -> its first row
+        self._stepped: set = set()  # the slots the last advance stepped: all collect may report
+        self._snapshot: Optional[RowSnapshot] = None  # the rows as the last advance leaves them
+
+    # Admission only queues device work behind a running advance, and collect reads the snapshot
+    # that advance queued: a window can be loaded while the rows step (see admit).
+    admits_while_advancing = True
+
+    @property
+    def ready(self) -> bool:
+        """Whether the last advance's results can be read without waiting for the device."""
+        return self._snapshot is None or self._snapshot.ready
 
     def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
-        """Load windows into free slots; returns their slot numbers."""
+        """Load windows into free slots; returns their slot numbers. Also while an advance runs: the
+        prefill is queued behind it, and the slots are not the last advance's to report."""
         slots = self.take(len(jobs))
         self.decoder.admit_rows(slots, self.per, jobs)  # a window's samples read one cross-attention K/V
         for slot in slots:
             self.occupy(slot, slot * self.per)
+            self._stepped.discard(slot)
         return slots
 
     def advance(self, refill: bool = True) -> None:
@@ -705,31 +760,43 @@ class GreedyRun(SlotTable):
         if not self.graph.use_graphs and self.busy:
             key = key._replace(rows=self.extent() * self.per)
         self.graph(key)
+        self._stepped = set(self.slots())
+        self._snapshot = self.decoder.snapshot_rows(self.rows)
+
+    def stop_soon(self) -> None:
+        """End the running advance at its next look at the guard: windows admitted meanwhile wait."""
+        self.graph.stop_soon()
 
     def evict(self, slot: int) -> None:
         """Stop a window before it finished (its request was cancelled): its rows are free at once."""
         first = self[slot]
-        self.decoder.state["done"][first : first + self.per] = True
+        self.decoder.state["done"][first : first + self.per].fill_(True)
         self.release(slot)
+        self._stepped.discard(slot)
 
     def collect(self) -> Dict[int, WindowResult]:
-        """Results of the windows that finished since the last look; their slots become free."""
-        done = self.decoder.state["done"][: self.rows].tolist()  # the one host sync per advance
-        finished = [slot for slot, first in self.items() if all(done[first : first + self.per])]
+        """Results of the windows the last advance finished; their slots become free."""
+        if self._snapshot is None:
+            return {}
+        rows = self._snapshot.read()  # the one wait for the device per advance
+        done = rows["done"].tolist()
+        finished = [slot for slot, first in self.items()
+                    if slot in self._stepped and all(done[first : first + self.per])]
         if not finished:
             return {}
-        rows = [self[slot] + j for slot in finished for j in range(self.per)]
-        n_gen, out, sum_lp, no_speech = self.decoder.read_rows(rows)
+        n_gen, sum_lp, no_speech = rows["n_generated"].tolist(), rows["sum_logprob"].tolist(), rows["no_speech"].tolist()
         eot = self.decoder.tokenizer.eot
         results = {}
-        for i, slot in enumerate(finished):
+        for slot in finished:
+            first = self[slot]
             candidates = []
-            for row in range(i * self.per, (i + 1) * self.per):
-                tokens = out[row][: n_gen[row]]
+            for row in range(first, first + self.per):
+                tokens = rows["out_tokens"][row, : n_gen[row]].tolist()
                 while tokens and tokens[-1] == eot:
                     tokens.pop()
                 score = normalized_score(sum_lp[row], len(tokens), self.options.length_penalty)
-                candidates.append(WindowResult(tokens, sum_lp[row], no_speech[i * self.per], score))
+                candidates.append(WindowResult(tokens, sum_lp[row], no_speech[first], score))
             results[slot] = candidates[pick_best([c.score for c in candidates])]
             self.release(slot)
+            self._stepped.discard(slot)
         return results

@@ -22,14 +22,23 @@ row the same way whatever the batch size (the fused GPU kernels plan their block
 weight's shape, never from the row count); and the features an audio's windows are cut from are
 the same tensor values on the host as on the device.
 
-Workers touch only host memory: the engine thread is the only one that launches device work, so
-graph capture never sees another thread's kernels.
+On CUDA the engine thread does not wait for the device while there is other work: features and
+the encoder run on a side stream beside the rows' steps (their inputs go up through pinned memory,
+the features come back by a copy their worker waits for); an advance of the rows is launched and
+then looked at between requests, windows that arrive meanwhile are loaded into free rows behind it
+(and the advance is asked to stop at its next look at the guard), and the next advance starts as
+soon as the device is through. See ``_drive_rows``.
+
+Workers touch only host memory and make no CUDA call: the engine thread is the only one that
+launches device work or waits for it, so graph capture never sees another thread's kernels.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -40,6 +49,7 @@ from ...audio import load_audio
 from ...audio.vad import resolve_backend
 from ...errors import InvalidOptionError, OstinatoError
 from ...runtime import RowScheduler, Ticket, one_cpu_thread_here, strict_float32
+from ...runtime.device import side_stream
 from .search import SearchOptions, WindowJob, window_seed
 from .options import TranscribeOptions
 from .transcribe import transcribe_samples
@@ -84,7 +94,7 @@ class _Proxy:
         self._calls = 0
 
     def features(self, samples):
-        return self._worker.ask("features", samples)
+        return self._worker.ask("features", samples).wait()
 
     def encode(self, mel):
         return self._worker.ask("encode", mel)
@@ -112,6 +122,34 @@ class _Proxy:
         if resolve_backend("auto", model.device) == "onnx":
             return model.speech_probabilities(samples)
         return self._worker.ask("vad", samples)
+
+
+class _OnTheWay:
+    """A result on its way to host memory: the engine thread queued the copy, and says when it has
+    landed (``arrived``, from its own look at the copy's event: a worker makes no CUDA call, which
+    could break a graph capture under way on the engine thread); the worker waits for that."""
+
+    def __init__(self, device_tensor: torch.Tensor):
+        self._landed = threading.Event()
+        self._event = None
+        if not device_tensor.is_cuda:
+            self._host = device_tensor.cpu()
+            self._landed.set()
+            return
+        self._host = torch.empty(device_tensor.shape, dtype=device_tensor.dtype, pin_memory=True)
+        self._host.copy_(device_tensor, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def arrived(self) -> bool:
+        """(The engine thread) whether the copy is done; tells the waiting worker once it is."""
+        if not self._landed.is_set() and self._event.query():
+            self._landed.set()
+        return self._landed.is_set()
+
+    def wait(self) -> torch.Tensor:
+        self._landed.wait()
+        return self._host
 
 
 class Job:
@@ -211,7 +249,18 @@ class TranscriptionEngine:
         self._stopping = False
         self._failed: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
-        self.in_flight = 2 * self.windows  # audios started at once: enough to refill every row
+        # Audios started at once: enough that every row has a window encoded and waiting for it.
+        self.in_flight = 4 * self.windows
+        self._advancing = False  # an advance of the rows was launched and not collected yet
+        # On CUDA, features and the encoder run on a side stream, beside the rows' steps; the
+        # decoder's stream waits for that work before it reads an encoder output.
+        device = torch.device(model.device)
+        self._main = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self._side = side_stream(device, "whisper encoder") if device.type == "cuda" else None
+        self._side_work = False  # side-stream work the decoder's stream has not waited for
+        self._returning: List[_Worker] = []  # audios whose windows the last collect finished
+        self._arriving: List[_OnTheWay] = []  # features on their way to the host for their workers
+        self._regroup_until = 0.0  # until when the next advance waits for their next windows
 
     # -- what callers use ------------------------------------------------------------------------
     def submit(self, audio, options: TranscribeOptions, on_segment: Optional[Callable[[Any], None]] = None) -> Job:
@@ -225,6 +274,7 @@ class TranscriptionEngine:
                 raise EngineStopped("the engine is shutting down")
             job = Job(self, next(self._ids), audio, replace(options), on_segment)
             self._pending.append(job)
+            self._start_workers_locked()  # its worker reads the audio now, not at the engine's next round
             self._lock.notify_all()
         return job
 
@@ -290,6 +340,8 @@ class TranscriptionEngine:
 
     # -- the engine thread -----------------------------------------------------------------------
     def _serve(self, until_idle: bool) -> None:
+        if self._side is not None:
+            self._main = torch.cuda.current_stream(self._side.device)  # this thread's: the rows step there
         try:
             with torch.inference_mode(), strict_float32(self.model.device, self.model.dtype):
                 while True:
@@ -299,22 +351,71 @@ class TranscriptionEngine:
                         break
                     self._clean_up_cancelled()
                     self._answer_all(requests)
-                    self._scheduler.step()
+                    self._arriving = [a for a in self._arriving if not a.arrived()]
+                    self._drive_rows()
         except BaseException as exc:
             self._stop(exc)
             raise
 
+    def _drive_rows(self) -> None:
+        """Keep the rows stepping. While an advance runs on the device, windows that wait go into free
+        rows (their prefill queued behind it); once it is through, its finished windows go back to
+        their audios, the rows they free are refilled, and the next advance is launched."""
+        scheduler = self._scheduler
+        if self._advancing:
+            if not scheduler.ready:
+                if scheduler.waiting:
+                    self._main_waits_for_side()
+                    scheduler.admit(while_advancing=True)
+                return
+            self._returning = []
+            scheduler.collect()
+            self._advancing = False
+            if self._main is not None and self._returning and scheduler.admitted <= len(self._returning):
+                # The rows still stepping are no more than the windows just handed back: wait a
+                # moment for those audios' next windows (an encoder pass away), so they step with
+                # the others from the start instead of waiting for the next look at the guard.
+                self._regroup_until = time.perf_counter() + self.REGROUP_SECONDS
+        if self._regrouping():
+            return
+        if scheduler.waiting:
+            self._main_waits_for_side()
+            scheduler.admit()
+        self._advancing = scheduler.advance()
+
+    # How long an advance may wait for the audios whose windows just finished (see _drive_rows).
+    REGROUP_SECONDS = 0.01
+
+    def _regrouping(self) -> bool:
+        """Whether an audio just handed a finished window is still on its way to its next one."""
+        if not self._returning:
+            return False
+        if self._regroup_until and time.perf_counter() < self._regroup_until and any(
+            w.decode_request is None and w.job in self._workers for w in self._returning
+        ):
+            return True
+        self._returning, self._regroup_until = [], 0.0
+        return False
+
     def _start_workers(self) -> None:
         with self._lock:
-            while self._pending and len(self._workers) < self.in_flight:
-                job = self._pending.pop(0)
-                worker = _Worker(self, job)
-                self._workers[job] = worker
-                worker.start()
+            self._start_workers_locked()
+
+    def _start_workers_locked(self) -> None:
+        while self._pending and len(self._workers) < self.in_flight:
+            job = self._pending.pop(0)
+            worker = _Worker(self, job)
+            self._workers[job] = worker
+            worker.start()
+
+    # How often the engine looks whether the device finished an advance, when no request wakes it.
+    POLL_SECONDS = 0.0002
 
     def _next_requests(self, until_idle: bool) -> Optional[List[_Request]]:
-        """The requests waiting now; None when there is nothing left to do. While the decoder has
-        nothing to run, waits until every live worker is blocked, so the requests batch up."""
+        """The requests waiting now; None when there is nothing left to do. While an advance runs on
+        the device, waits for a request or the advance's end, whichever comes first. While the
+        decoder has nothing to run, waits until every live worker is blocked, so the requests
+        batch up."""
         with self._lock:
             def ready() -> bool:
                 if self._pending and len(self._workers) < self.in_flight:
@@ -325,13 +426,36 @@ class TranscriptionEngine:
                     return len(self._workers) == self._waiting
                 return until_idle or self._stopping
 
-            if self._scheduler.idle:
+            if self._advancing or self._returning or self._arriving:
+                if not self._queue and not self._cancels and not (self._advancing and self._scheduler.ready):
+                    self._lock.wait(self.POLL_SECONDS)
+            elif self._scheduler.idle:
                 self._lock.wait_for(ready)
-            idle = not self._workers and not self._pending and not self._queue and self._scheduler.idle
+            idle = (not self._workers and not self._pending and not self._queue and self._scheduler.idle
+                    and not self._advancing and not self._arriving)
             if idle and (until_idle or self._stopping):
                 return None
             requests, self._queue = self._queue, []
             return requests
+
+    # -- streams ---------------------------------------------------------------------------------
+    def _on_side(self):
+        """Where features and the encoder run: a side stream on CUDA, beside the rows' steps."""
+        if self._side is None:
+            return contextlib.nullcontext()
+        self._side_work = True
+        return torch.cuda.stream(self._side)
+
+    def _main_waits_for_side(self) -> None:
+        """The decoder's stream waits for the features and encoder outputs queued so far."""
+        if self._side_work:
+            self._main.wait_stream(self._side)
+            self._side_work = False
+
+    def _used_on_main(self, tensor) -> None:
+        """A side-stream tensor the decoder's stream reads: its memory is not reused before that read."""
+        if self._main is not None and isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+            tensor.record_stream(self._main)
 
     def _clean_up_cancelled(self) -> None:
         with self._lock:
@@ -361,18 +485,29 @@ class TranscriptionEngine:
                 # matrix product may round differently from a single one on the GPU, and the
                 # result must not depend on which audios share the batch. (The batched pipeline
                 # sends its own audio's chunks together, as transcribe(batched=True) encodes them.)
-                self._answer(r, model.encode(r.args[0]))
+                with self._on_side():
+                    self._answer(r, model.encode(r.args[0]))
             elif r.kind == "features":
-                # Computed where transcribe computes them, then kept on the host for the worker.
-                self._answer(r, model.features(*r.args).cpu())
+                # Computed where transcribe computes them, then kept on the host for the worker, which
+                # waits for the copy itself: this thread goes on.
+                with self._on_side():
+                    features = _OnTheWay(model.features(*r.args))
+                if not features.arrived():
+                    self._arriving.append(features)
+                self._answer(r, features)
             elif r.kind == "detect_language":
+                self._main_waits_for_side()
+                self._used_on_main(r.args[0])
                 self._answer(r, model.detect_language(*r.args))
             elif r.kind == "align":
+                self._main_waits_for_side()
+                self._used_on_main(r.args[0])
                 self._answer(r, model.align(*r.args))
             elif r.kind == "vad":
                 self._answer(r, model.speech_probabilities(*r.args))
             elif r.kind == "decode":
                 features, requests_, suppress, suppress_at_begin, options = r.args
+                self._used_on_main(features)
                 key = (options, suppress, suppress_at_begin)  # windows with equal keys share a run
                 r.worker.decode_request = r
                 done = self._decoded(r, len(requests_))
@@ -395,6 +530,7 @@ class TranscriptionEngine:
                 waiting[0] -= 1
                 if waiting[0] == 0 and request.worker.decode_request is request:
                     request.worker.tickets, request.worker.decode_request = [], None
+                    self._returning.append(request.worker)
                     if errors:
                         self._answer(request, error=errors[0])
                     else:

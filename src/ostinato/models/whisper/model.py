@@ -13,8 +13,8 @@ from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
-    StepGraph, buckets_up_to, memory_report, place_module, resolve_decode_loop, resolve_device, resolve_dtype,
-    set_cpu_threads, strict_float32,
+    StepGraph, buckets_up_to, host_tensor_to_device, memory_report, place_module, resolve_decode_loop,
+    resolve_device, resolve_dtype, set_cpu_threads, strict_float32,
 )
 from ...runtime.preparation import prepared_in_background
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
@@ -118,7 +118,7 @@ class WhisperModel:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [B, n_mels, 3000] -> encoder output [B, 1500, d] on the model's device and dtype."""
-        mel = mel.to(self.device, self.dtype)
+        mel = host_tensor_to_device(mel, self.device).to(self.dtype)  # not waiting for the device's queued work
         with strict_float32(self.device, self.dtype):
             if mel.shape[0] == 1 and self._encoder_graph.use_graphs:
                 # the replay's output buffer is the graph's: the caller keeps a copy
