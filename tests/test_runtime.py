@@ -129,6 +129,9 @@ def test_step_graph_runs_k_steps_per_call_and_names_its_rung():
     graph = StepGraph(lambda key, x: calls.append(key) or x + len(calls), "cpu", steps_per_replay=3)
     out = graph(2, x=torch.zeros(1))
     assert calls == [2, 2, 2] and out.item() == 3.0  # the last step's output
+    graph.stop_soon()  # no device loop to stop: the next call still runs its K steps
+    graph(2, x=torch.zeros(1))
+    assert len(calls) == 6
     with pytest.raises(ValueError):
         StepGraph(lambda key: None, "cpu", steps_per_replay=0)
     assert loop_rung(torch.device("cpu"), True, 8).startswith("eager (no CUDA graphs on cpu")

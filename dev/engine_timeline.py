@@ -1,0 +1,184 @@
+"""Where a Whisper engine's time goes: its thread's phases, and every audio's waits for it.
+
+    PYTHONPATH=src python dev/engine_timeline.py run OUT_DIR -- python bench/serve_gpu.py --size large-v3 ...
+    python dev/engine_timeline.py show OUT_DIR/timeline-*.json
+
+``run`` starts the command with this folder's ``engine_timeline_site`` on PYTHONPATH (a
+``sitecustomize`` that imports this module), so every Python process it starts, a server it
+launches included, times its ``TranscriptionEngine``: the engine thread's phases (waiting for
+requests, answering them, admitting windows into rows, launching and collecting advances), each
+request of an audio's worker (features, encode, decode...: from asking to the answer), and each
+audio (submitted to finished). Each process writes ``timeline-<pid>.json`` into OUT_DIR at exit.
+
+``show`` splits a file into bursts (audios whose lifetimes overlap: one load level of the serve
+benchmark, one ``transcribe_batch`` call) and prints, for each burst of 4 audios or more, the
+engine thread's time per phase, each request kind's latency, and the audios' latency split by
+request kind, short (under 20 s) and long apart.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List
+
+ENV = "OSTINATO_TIMELINE_DIR"
+SITE = Path(__file__).resolve().parent / "engine_timeline_site"
+PHASES = ("wait", "answer", "admit", "advance", "collect")
+
+events: List[list] = []  # [name, start, end, detail]
+now = time.perf_counter
+
+
+def install() -> None:
+    """Wrap the engine's methods so they record into ``events`` (once the modules are imported)."""
+    from ostinato.models.whisper import decoding, engine
+
+    def timed(cls, name, label, detail=None):
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, **kwargs):
+            start = now()
+            result = original(self, *args, **kwargs)
+            events.append([label, start, now(), detail(self, args, result) if detail else None])
+            return result
+        setattr(cls, name, wrapper)
+
+    E = engine.TranscriptionEngine
+    timed(E, "_next_requests", "wait", lambda s, a, r: len(r or ()))
+    timed(E, "_answer_all", "answer", lambda s, a, r: [q.kind for q in a[0]])
+    timed(decoding.GreedyRun, "admit", "admit", lambda s, a, r: len(a[0]))
+    timed(decoding.GreedyRun, "advance", "advance")
+    timed(decoding.GreedyRun, "collect", "collect", lambda s, a, r: len(r))
+
+    enqueue, answer, finished, submit = E._enqueue, E._answer, E._worker_finished, E.submit
+
+    def _enqueue(self, request):
+        request.worker.asked_at = now()
+        return enqueue(self, request)
+
+    def _answer(self, request, result=None, error=None):
+        events.append(["request:" + request.kind, getattr(request.worker, "asked_at", 0.0), now(),
+                       request.worker.job.index])
+        return answer(self, request, result, error)
+
+    def _submit(self, audio, options, on_segment=None):
+        start = now()
+        job = submit(self, audio, options, on_segment)
+        job.timeline = (start, int(getattr(audio, "size", 0) or 0))
+        return job
+
+    def _worker_finished(self, worker, outcome):
+        start, samples = getattr(worker.job, "timeline", (0.0, 0))
+        events.append(["audio", start, now(), [worker.job.index, samples]])
+        return finished(self, worker, outcome)
+
+    E._enqueue, E._answer, E.submit, E._worker_finished = _enqueue, _answer, _submit, _worker_finished
+
+
+def start_recording(folder: str) -> None:
+    """(sitecustomize) Install once ostinato's engine is imported; write the events at exit."""
+    def when_imported():
+        while True:
+            engine = sys.modules.get("ostinato.models.whisper.engine")
+            decoding = sys.modules.get("ostinato.models.whisper.decoding")
+            if engine and decoding and hasattr(engine, "TranscriptionEngine") and hasattr(decoding, "GreedyRun"):
+                install()
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=when_imported, daemon=True).start()
+
+    @atexit.register
+    def write():
+        if events:
+            path = Path(folder) / f"timeline-{os.getpid()}.json"
+            path.write_text(json.dumps({"argv": sys.argv, "events": events}))
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def bursts(events: List[list]) -> List[tuple]:
+    """(start, end, audios) of each group of audios whose lifetimes overlap, in time order."""
+    audios = sorted((e for e in events if e[0] == "audio"), key=lambda e: e[1])
+    groups: List[list] = []
+    for e in audios:
+        if groups and e[1] <= groups[-1][1]:
+            groups[-1][1] = max(groups[-1][1], e[2])
+            groups[-1][2].append(e)
+        else:
+            groups.append([e[1], e[2], [e]])
+    return [tuple(g) for g in groups]
+
+
+def summary(events: List[list], start: float, end: float, audios: List[list]) -> Dict:
+    inside = [e for e in events if start <= e[1] <= end]
+    phases = {p: sum(e[2] - e[1] for e in inside if e[0] == p) for p in PHASES}
+    requests: Dict[str, List[float]] = defaultdict(list)
+    per_audio: Dict[int, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for e in inside:
+        if e[0].startswith("request:"):
+            requests[e[0][8:]].append(e[2] - e[1])
+            per_audio[e[3]][e[0][8:]] += e[2] - e[1]
+    kinds: Dict[str, List[dict]] = defaultdict(list)
+    for _, s, t, (index, samples) in audios:
+        split = dict(per_audio[index])
+        split["total"] = t - s
+        kinds["long" if samples >= 20 * 16000 else "short"].append(split)
+    return dict(wall=end - start, phases=phases, requests=dict(requests), audios=dict(kinds))
+
+
+def _percentile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def show(paths: List[str]) -> None:
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        print(f"== {path}: {' '.join(data['argv'])[:100]}")
+        for start, end, audios in bursts(data["events"]):
+            if len(audios) < 4:
+                continue
+            s = summary(data["events"], start, end, audios)
+            print(f"-- {len(audios)} audios in {s['wall']:.2f} s; engine thread: "
+                  + ", ".join(f"{p} {t:.2f} s" for p, t in s["phases"].items()))
+            for kind, took in sorted(s["requests"].items()):
+                print(f"   {kind:<16} {len(took):4d}  p50 {1e3 * statistics.median(took):7.1f} ms"
+                      f"  p99 {1e3 * _percentile(took, 0.99):7.1f} ms")
+            for kind, splits in sorted(s["audios"].items()):
+                total = [x["total"] for x in splits]
+                parts = sorted({k for x in splits for k in x} - {"total"})
+                mean = ", ".join(f"{k} {1e3 * statistics.mean(x.get(k, 0.0) for x in splits):.0f}" for k in parts)
+                print(f"   {kind} audios {len(splits)}: p50 {statistics.median(total):.3f} s, "
+                      f"p99 {_percentile(total, 0.99):.3f} s; mean ms spent waiting on {mean}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    run = sub.add_parser("run", help="run a command with every engine timed")
+    run.add_argument("folder")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("show", help="print the timelines' summaries").add_argument("paths", nargs="+")
+    args = parser.parse_args()
+    if args.verb == "show":
+        show(args.paths)
+        return
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    Path(args.folder).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **{ENV: str(Path(args.folder).resolve())})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH")) if p)
+    sys.exit(subprocess.call(command, env=env))
+
+
+if __name__ == "__main__":
+    main()

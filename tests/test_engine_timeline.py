@@ -1,0 +1,54 @@
+"""dev/engine_timeline.py: the engine's timeline as it reads it (bursts, phases, waits) and as it records it."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev"))
+import engine_timeline  # noqa: E402
+
+
+def test_bursts_and_their_summary_by_hand():
+    events = [
+        ["audio", 0.0, 1.0, [0, 16000 * 5]],
+        ["audio", 0.5, 2.0, [1, 16000 * 60]],  # overlaps audio 0: one burst
+        ["audio", 3.0, 3.5, [2, 16000 * 5]],  # alone
+        ["wait", 0.0, 0.25, 0], ["answer", 0.25, 0.5, ["encode"]], ["collect", 0.6, 0.7, 1],
+        ["request:encode", 0.1, 0.3, 0], ["request:decode", 0.3, 0.9, 0],
+        ["request:encode", 0.6, 0.7, 1], ["request:decode", 0.7, 1.9, 1], ["request:decode", 3.1, 3.4, 2],
+    ]
+    groups = engine_timeline.bursts(events)
+    assert [(s, e, [a[3][0] for a in audios]) for s, e, audios in groups] == [(0.0, 2.0, [0, 1]), (3.0, 3.5, [2])]
+    s = engine_timeline.summary(events, *groups[0])
+    assert s["wall"] == 2.0
+    assert s["phases"] == pytest.approx({"wait": 0.25, "answer": 0.25, "admit": 0.0, "advance": 0.0, "collect": 0.1})
+    assert s["requests"]["decode"] == pytest.approx([0.6, 1.2]) and s["requests"]["encode"] == pytest.approx([0.2, 0.1])
+    (short,), (long_,) = s["audios"]["short"], s["audios"]["long"]
+    assert short == pytest.approx({"encode": 0.2, "decode": 0.6, "total": 1.0})
+    assert long_ == pytest.approx({"encode": 0.1, "decode": 1.2, "total": 1.5})
+
+
+def test_install_records_an_engine_at_work(tiny_en_path):
+    from ostinato import WhisperModel
+    from ostinato.models.whisper import decoding, engine
+
+    saved = {(cls, name): cls.__dict__[name] for cls, names in (
+        (engine.TranscriptionEngine, ("_next_requests", "_answer_all", "_enqueue", "_answer", "submit",
+                                      "_worker_finished")),
+        (decoding.GreedyRun, ("admit", "advance", "collect"))) for name in names}
+    engine_timeline.events.clear()
+    try:
+        engine_timeline.install()
+        model = WhisperModel(str(tiny_en_path), device="cpu", compute_type="float32")
+        audio = (0.05 * np.random.default_rng(0).standard_normal(16000 * 3)).astype(np.float32)
+        model.transcribe_batch([audio, audio[: 16000 * 2]], batch_size=2, beam_size=1, best_of=1, temperature=0.0)
+    finally:
+        for (cls, name), method in saved.items():
+            setattr(cls, name, method)
+    (start, end, audios), = engine_timeline.bursts(engine_timeline.events)
+    assert sorted(a[3][1] for a in audios) == [16000 * 2, 16000 * 3]
+    s = engine_timeline.summary(engine_timeline.events, start, end, audios)
+    assert {"features", "encode", "decode"} <= set(s["requests"])
+    assert s["phases"]["advance"] > 0 and s["phases"]["collect"] >= 0
+    engine_timeline.events.clear()
