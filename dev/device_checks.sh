@@ -6,9 +6,13 @@
 #   PHASE=e2e    ./dev/device_checks.sh   bench/whisper_e2e.py on the real tiny.en beside transformers' pipeline ($E2E_ARGS)
 #   PHASE=first  ./dev/device_checks.sh   dev/first_call_profile.py: fresh processes, Triton cache cold then warm,
 #                                          random tiny and large-v3, large-v3 at 1, 2 and 8 steps per replay
+#   PHASE=serve  ./dev/device_checks.sh   the runtime and Whisper GPU tests, then bench/serve_gpu.py ($SERVE_ARGS);
+#                                          carry .carry/server (dev/server_device_bundle.py): no tiny.en needed
 # Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
-cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
-[ -f /tmp/tiny/model.bin ] || cat $(ls /tmp/tiny/model.bin.* | sort -t. -k3 -n) > /tmp/tiny/model.bin
+if [ -d /tmp/tiny ]; then  # (PHASE=serve needs none of it)
+  cp .carry/tiny_rest/*.json .carry/tiny_rest/*.txt /tmp/tiny/ 2>/dev/null
+  [ -f /tmp/tiny/model.bin ] || cat $(ls /tmp/tiny/model.bin.* | sort -t. -k3 -n) > /tmp/tiny/model.bin
+fi
 export PYTHONPATH=src:.carry/pylib OSTINATO_TINY_EN=/tmp/tiny OSTINATO_CLIP_SAMPLES=.carry/tiny_rest/clips
 BENCH_ARGS=${BENCH_ARGS:---e2e-model /tmp/tiny --clips .carry/tiny_rest/clips --sizes tiny small large-v3 --batches 1 16 --sweep 1 4 16 --steps 64 --repeats 3 --peer-repeats 2}
 checks() {
@@ -42,6 +46,15 @@ case "${PHASE:-tests}" in
       timeout 120 python dev/first_call_profile.py --top 60 "$@" > $OUT/first_$name.txt 2>&1
       echo "== $name rc=$?"; sed -n 2,9p $OUT/first_$name.txt
     done ;;
+  serve)
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/server_lib .carry/server/*.whl
+    export PYTHONPATH=$PYTHONPATH:/tmp/server_lib
+    timeout ${TEST_S:-150} python -m pytest -q tests/gpu/test_runtime_gpu.py tests/gpu/test_whisper_gpu.py \
+      -p no:cacheprovider > $OUT/gputests.txt 2>&1
+    echo "gpu tests rc=$?"; tail -5 $OUT/gputests.txt
+    timeout ${SERVE_S:-400} python bench/serve_gpu.py --size large-v3 --speech .carry/server/speech.wav \
+      ${SERVE_ARGS:---concurrency 16 64} > $OUT/serve.txt 2>&1
+    echo "serve bench rc=$?"; sed -n '/^== ostinato/,$p' $OUT/serve.txt ;;
   e2e)
     timeout ${E2E_S:-560} python bench/whisper_e2e.py --model /tmp/tiny --clips .carry/tiny_rest/clips --out $OUT $E2E_ARGS \
       > $OUT/e2e.txt 2>&1
