@@ -80,17 +80,23 @@ def pip(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
+def download_wheels(requirements, dest: Path, python_version: str) -> None:
+    """Binary wheels of ``requirements`` (no dependencies) for the device's Python and platform into
+    ``dest``, emptied first."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    pip("download", "--only-binary=:all:", "--python-version", python_version, *platforms, "--no-deps",
+        "-d", str(dest), *requirements)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python-version", default="3.12", help="the device's Python (3.12); 3.11 for a local test")
     ap.add_argument("--dest", type=Path, default=DEST)
     args = ap.parse_args()
-    if args.dest.exists():
-        shutil.rmtree(args.dest)
-    args.dest.mkdir(parents=True)
-    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    pip("download", "--only-binary=:all:", "--python-version", args.python_version, *platforms, "--no-deps",
-        "-d", str(args.dest), *(req for req, _ in WHEELS))
+    download_wheels([req for req, _ in WHEELS], args.dest, args.python_version)
     pip("wheel", "--no-deps", "--no-binary=:all:", "-w", str(args.dest), *(req for req, _ in SOURCE_ONLY))
     wheels = sorted(args.dest.glob("*.whl"))
     assert len(wheels) == len(WHEELS) + len(SOURCE_ONLY), [w.name for w in wheels]

@@ -14,11 +14,11 @@ end, cut to 300 s, as a 16-kHz mono 16-bit WAV: the device has no PyAV, and such
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from nemo_device_wheels import download_wheels  # a sibling: Python puts dev/ on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEST = ROOT / ".carry" / "server"
@@ -34,7 +34,6 @@ MISSING = [
     ("typing-inspection", "pydantic, fastapi"),
     ("opentelemetry-api", "fastapi 0.165's telemetry, imported with fastapi"),
 ]
-PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"]
 SECONDS = 300.0
 
 
@@ -43,15 +42,7 @@ def main() -> None:
     ap.add_argument("--python-version", default="3.12", help="the device's Python (3.12)")
     ap.add_argument("--dest", type=Path, default=DEST)
     args = ap.parse_args()
-    if args.dest.exists():
-        shutil.rmtree(args.dest)
-    args.dest.mkdir(parents=True)
-    pinned = [f"{name}=={metadata.version(name)}" for name, _ in MISSING]
-    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", args.python_version,
-           "--implementation", "cp", *platforms, "--no-deps", "-d", str(args.dest), *pinned]
-    print("+ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    download_wheels([f"{name}=={metadata.version(name)}" for name, _ in MISSING], args.dest, args.python_version)
 
     sys.path.insert(0, str(ROOT / "bench"))
     from serve_gpu import speech, wav_bytes
