@@ -772,7 +772,6 @@ class GreedyRun(SlotTable):
         first = self[slot]
         self.decoder.state["done"][first : first + self.per].fill_(True)
         self.release(slot)
-        self._stepped.discard(slot)
 
     def collect(self) -> Dict[int, WindowResult]:
         """Results of the windows the last advance finished; their slots become free."""
@@ -798,5 +797,4 @@ class GreedyRun(SlotTable):
                 candidates.append(WindowResult(tokens, sum_lp[row], no_speech[first], score))
             results[slot] = candidates[pick_best([c.score for c in candidates])]
             self.release(slot)
-            self._stepped.discard(slot)
         return results

@@ -243,7 +243,8 @@ class TranscriptionEngine:
         self._workers: Dict[Job, _Worker] = {}  # started and not finished
         self._waiting = 0  # workers blocked on a request
         self._cancels: List[Job] = []  # cancelled running jobs the engine thread must clean up after
-        self._scheduler = RowScheduler(self._open_run)  # decode requests: waiting, or in rows
+        # decode requests: waiting, or in rows; a window's encoder output is read once it is admitted
+        self._scheduler = RowScheduler(self._open_run, before_admit=self._main_waits_for_side)
         self._ids = itertools.count()
         self._accepting = True
         self._stopping = False
@@ -365,7 +366,6 @@ class TranscriptionEngine:
         if self._advancing:
             if not scheduler.ready:
                 if scheduler.waiting:
-                    self._main_waits_for_side()
                     scheduler.admit(while_advancing=True)
                 return
             self._returning = []
@@ -379,7 +379,6 @@ class TranscriptionEngine:
         if self._regrouping():
             return
         if scheduler.waiting:
-            self._main_waits_for_side()
             scheduler.admit()
         self._advancing = scheduler.advance()
 
