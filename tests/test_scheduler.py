@@ -196,13 +196,3 @@ def test_a_run_that_cannot_admit_while_advancing_is_left_alone():
     scheduler.collect()
     assert scheduler.admit() == 1
 
-
-def test_before_admit_runs_only_when_requests_go_into_rows():
-    log, calls = [], []
-    scheduler = RowScheduler(lambda key: CountdownRun(key, 1, log), before_admit=lambda: calls.append(len(log)))
-    scheduler.submit("k", 2, lambda r, e: None)
-    scheduler.submit("k", 1, lambda r, e: None)
-    assert scheduler.admit() == 1 and calls == [1]  # after the run opened, before its admit
-    assert scheduler.admit() == 0 and calls == [1]  # no free slot: not called
-    scheduler.run_until_idle()
-    assert len(calls) == 2 and log[calls[1] - 1][0] == "advance" and log[calls[1]][0] == "admit"

@@ -235,3 +235,101 @@ def test_features_on_their_way_are_handed_over_by_the_engine_thread(model, data_
     segments, _ = job.result(timeout=120)
     engine.shutdown()
     assert _texts(segments) == want and max(looks) >= 5
+
+
+def test_a_window_joins_the_stepping_rows_only_once_its_encoder_pass_is_through(model, data_dir):
+    """On CUDA the encoder runs on a stream of its own: a window loaded while its pass still runs
+    would make the rows' stream wait for it. Here every encoder pass "lands" at the third look (a
+    stand-in for its CUDA event): no window goes to the rows before that while others step, the
+    rows' stream waits on that audio's own event, and every result is the one of transcribe."""
+    names = ("c17_cut_two_windows.flac", "c01_hello_short.flac", "c02_numbers.flac")
+    engine = model.engine(batch_size=2, max_search=1)
+
+    class SlowPass:
+        def __init__(self):
+            self.looks = 0
+
+        def query(self):
+            self.looks += 1
+            return self.looks >= 3
+
+    class MainStream:
+        waited = []
+
+        def wait_event(self, event):
+            self.waited.append(event)
+
+    submitted = []  # (the window's pass landed, rows were stepping, the rows' stream waited on it)
+    submit_windows = engine._submit_windows
+
+    def watched(request):
+        event = request.worker.encoded
+        busy = engine._advancing or engine._scheduler.admitted > 0
+        submitted.append((event.looks >= 3, busy, MainStream.waited[-1:] == [event]))
+        submit_windows(request)
+
+    engine._encoder_mark = SlowPass
+    engine._main = MainStream()
+    engine._submit_windows = watched
+    engine.start()
+    jobs = [engine.submit(_clip(data_dir, names[0]), TranscribeOptions(**GREEDY))]
+    deadline = time.time() + 60
+    while engine.stats()["busy_windows"] == 0 and time.time() < deadline:  # its first window steps
+        time.sleep(0.005)
+    jobs += [engine.submit(_clip(data_dir, name), TranscribeOptions(**GREEDY)) for name in names[1:]]
+    results = [job.result(timeout=300) for job in jobs]
+    engine.shutdown()
+    for name, (segments, _) in zip(names, results):
+        assert _texts(segments) == _texts(model.transcribe(_clip(data_dir, name), **GREEDY)[0]), name
+    assert len(submitted) >= 4  # one window per clip, two for the cut recording
+    assert all(waited for _, _, waited in submitted)
+    assert all(landed or not busy for landed, busy, _ in submitted)
+    assert any(busy for _, busy, _ in submitted)  # some did join rows that were stepping
+
+
+def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_windows(model, data_dir, monkeypatch):
+    """With graphs, a run's own graph (its rows) is captured when it opens, and a smaller bucket's
+    when windows come to a run with no row in use (a capture resets the rows); an advance replays
+    the smallest captured bucket that holds every busy window, so one audio alone on an engine of
+    four rows steps one row. On the CPU a stand-in records what would be captured and replayed and
+    runs the eager step for the key it is given."""
+    engine = model.engine(batch_size=4, max_search=1)
+    real = engine._decoder.graph
+
+    class Recorder:
+        use_graphs = True
+
+        def __init__(self):
+            self.captured, self.replayed = [], []
+
+        def is_captured(self, key):
+            return key in self.captured
+
+        def capture(self, key, **inputs):
+            self.captured.append(key)
+
+        def __call__(self, key, **inputs):
+            self.replayed.append(key)
+            return real(key, **inputs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    recorder = Recorder()
+    monkeypatch.setattr(engine._decoder, "graph", recorder)
+    engine.start()
+    alone = _clip(data_dir, "c01_hello_short.flac")
+    segments, _ = engine.submit(alone, TranscribeOptions(**GREEDY)).result(timeout=120)
+    assert [k.rows for k in recorder.captured] == [4, 1]  # the run's own, then one row for the lone audio
+    assert {k.rows for k in recorder.replayed} == {1}
+    lone_replays = len(recorder.replayed)
+    names = ("c02_numbers.flac", "c01_hello_short.flac", "c17_cut_two_windows.flac")
+    jobs = [engine.submit(_clip(data_dir, n), TranscribeOptions(**GREEDY)) for n in names]
+    results = [job.result(timeout=300) for job in jobs]
+    engine.shutdown()
+    assert _texts(segments) == _texts(model.transcribe(alone, **GREEDY)[0])
+    for name, (got, _) in zip(names, results):
+        assert _texts(got) == _texts(model.transcribe(_clip(data_dir, name), **GREEDY)[0]), name
+    later = recorder.replayed[lone_replays:]
+    assert all(k in recorder.captured for k in recorder.replayed)
+    assert 4 in {k.rows for k in later}  # several windows at once: the run's bucket

@@ -100,14 +100,16 @@ def strict_float32(device: torch.device, dtype: torch.dtype):
 _SIDE_STREAMS: dict = {}
 
 
-def side_stream(device: torch.device, purpose: str):
+def side_stream(device: torch.device, purpose: str, priority: int = 0):
     """The CUDA side stream for ``purpose`` on ``device``, made once per process. A stream is worth
     keeping: cuBLAS holds a workspace (32 MiB on Hopper) for every stream it has run on, for the life
-    of the process, so a new stream per call would grow memory call after call."""
+    of the process, so a new stream per call would grow memory call after call. ``priority``: lower
+    is more urgent (CUDA clamps it to the device's range); the GPU schedules a more urgent stream's
+    blocks first when several streams have work waiting."""
     key = (torch.device(device), purpose)
     stream = _SIDE_STREAMS.get(key)
     if stream is None:
-        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device)
+        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=priority)
     return stream
 
 

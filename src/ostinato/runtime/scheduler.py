@@ -122,11 +122,8 @@ class RowScheduler:
     ``step`` and ``cancel``; callbacks run on that thread.
     """
 
-    def __init__(self, open_run: Callable[[Hashable], Any], before_admit: Optional[Callable[[], None]] = None):
-        """``before_admit``: called right before a run admits requests (a caller whose requests carry
-        device data made on another stream orders that stream there, and only when it is needed)."""
+    def __init__(self, open_run: Callable[[Hashable], Any]):
         self._open_run = open_run
-        self._before_admit = before_admit
         self._waiting: Deque[Ticket] = deque()
         self._run = None
         self._run_key: Hashable = None
@@ -241,8 +238,6 @@ class RowScheduler:
         while self._waiting and len(batch) < run.free_slots and self._waiting[0].key == self._run_key:
             batch.append(self._waiting.popleft())
         if batch:
-            if self._before_admit is not None:
-                self._before_admit()
             for slot, ticket in zip(run.admit([t.item for t in batch]), batch):
                 self._admitted[slot] = ticket
         return len(batch)

@@ -712,12 +712,16 @@ class GreedyRun(SlotTable):
         ngram = int(options.no_repeat_ngram_size)
         if self.per == 1 and not (options.sampling or penalize or ngram):
             rows = bucket_for(windows, decoder.buckets)
+            # An advance replays the smallest of these graphs that holds the busy windows, once it is
+            # captured (see admit): one audio alone on an engine of 16 rows steps one row, not 16.
+            self._buckets = tuple(b for b in decoder.buckets if b <= rows)
         else:
             rows = windows * self.per
             if rows > decoder.max_rows:
                 raise ValueError(
                     f"{windows} windows x {self.per} samples need {rows} rows; the decoder holds {decoder.max_rows}"
                 )
+            self._buckets = (rows,)
         if rows // self.per > decoder.windows:
             raise ValueError(f"{windows} windows at once; the decoder holds {decoder.windows}")
         self.key = GreedyKey(rows, options.sampling, penalize, ngram, self.per)
@@ -730,6 +734,7 @@ class GreedyRun(SlotTable):
         super().__init__(windows)  # busy slot -> its first row
         self._stepped: set = set()  # the slots the last advance stepped: all collect may report
         self._snapshot: Optional[RowSnapshot] = None  # the rows as the last advance leaves them
+        self._in_flight = False  # an advance was launched and not collected yet
 
     # Admission only queues device work behind a running advance, and collect reads the snapshot
     # that advance queued: a window can be loaded while the rows step (see admit).
@@ -743,6 +748,11 @@ class GreedyRun(SlotTable):
     def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
         """Load windows into free slots; returns their slot numbers. Also while an advance runs: the
         prefill is queued behind it, and the slots are not the last advance's to report."""
+        if self.graph.use_graphs and not self.busy and not self._in_flight:
+            # No row is in use: a smaller bucket's graph can be captured now (capture resets the
+            # rows), so that these windows step only their own rows.
+            need = next(b for b in self._buckets if b >= len(jobs))
+            self.decoder.capture_graph(self.graph, self.key._replace(rows=need))
         slots = self.take(len(jobs))
         self.decoder.admit_rows(slots, self.per, jobs)  # a window's samples read one cross-attention K/V
         for slot in slots:
@@ -751,15 +761,21 @@ class GreedyRun(SlotTable):
         return slots
 
     def advance(self, refill: bool = True) -> None:
-        """Step every row (finished rows are masked): on the device loop until a row finishes (its
-        window's audio needs the result for its next window, so whether others wait does not
-        matter), else ``steps_per_replay`` steps. Without graphs only the rows up to the last busy
-        window step (an engine of 16 windows with one audio in flight steps one row, not 16; a graph
-        is captured per row count on a reset state, so a run's graph keeps the run's count)."""
+        """Step the rows up to the last busy window (finished rows are masked): on the device loop
+        until a row finishes (its window's audio needs the result for its next window, so whether
+        others wait does not matter), else ``steps_per_replay`` steps. Without graphs exactly those
+        rows step; with graphs the smallest captured bucket that holds them (a graph is captured
+        per row count on a reset state: the run's own at its start, smaller ones in ``admit``)."""
         key = self.key
-        if not self.graph.use_graphs and self.busy:
-            key = key._replace(rows=self.extent() * self.per)
+        if self.busy:
+            extent = self.extent()
+            if not self.graph.use_graphs:
+                key = key._replace(rows=extent * self.per)
+            else:
+                key = next(k for k in (key._replace(rows=b) for b in self._buckets if b >= extent)
+                           if self.graph.is_captured(k) or k == self.key)
         self.graph(key)
+        self._in_flight = True
         self._stepped = set(self.slots())
         self._snapshot = self.decoder.snapshot_rows(self.rows)
 
@@ -775,6 +791,7 @@ class GreedyRun(SlotTable):
 
     def collect(self) -> Dict[int, WindowResult]:
         """Results of the windows the last advance finished; their slots become free."""
+        self._in_flight = False
         if self._snapshot is None:
             return {}
         rows = self._snapshot.read()  # the one wait for the device per advance

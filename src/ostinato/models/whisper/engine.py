@@ -23,11 +23,14 @@ weight's shape, never from the row count); and the features an audio's windows a
 the same tensor values on the host as on the device.
 
 On CUDA the engine thread does not wait for the device while there is other work: features and
-the encoder run on a side stream beside the rows' steps (their inputs go up through pinned memory,
-the features come back by a copy their worker waits for); an advance of the rows is launched and
-then looked at between requests, windows that arrive meanwhile are loaded into free rows behind it
-(and the advance is asked to stop at its next look at the guard), and the next advance starts as
-soon as the device is through. See ``_drive_rows``.
+the encoder run on side streams of their own beside the rows' steps, and ahead of them (a more
+urgent stream priority: they start a new audio's latency, and are small next to the rows' work).
+Their inputs go up through pinned memory, the features come back by a copy their worker waits for.
+An advance of the rows is launched and then looked at between requests; a window whose encoder
+pass is through is loaded into a free row behind it (and the advance is asked to stop at its next
+look at the guard), and the next advance starts as soon as the device is through. A window still
+being encoded waits off the rows while they step: loaded, it would make the rows' stream wait for
+its encoder pass. See ``_drive_rows``.
 
 Workers touch only host memory and make no CUDA call: the engine thread is the only one that
 launches device work or waits for it, so graph capture never sees another thread's kernels.
@@ -192,6 +195,7 @@ class _Worker(threading.Thread):
         self.engine, self.job = engine, job
         self.tickets: List[Ticket] = []  # its decode request's windows in the scheduler, if any
         self.decode_request: Optional[_Request] = None  # the request those tickets answer
+        self.encoded = None  # (CUDA) an event after its last encoder pass: what its windows wait for
 
     def ask(self, kind: str, *args):
         if self.job.cancelled:
@@ -244,7 +248,7 @@ class TranscriptionEngine:
         self._waiting = 0  # workers blocked on a request
         self._cancels: List[Job] = []  # cancelled running jobs the engine thread must clean up after
         # decode requests: waiting, or in rows; a window's encoder output is read once it is admitted
-        self._scheduler = RowScheduler(self._open_run, before_admit=self._main_waits_for_side)
+        self._scheduler = RowScheduler(self._open_run)
         self._ids = itertools.count()
         self._accepting = True
         self._stopping = False
@@ -253,12 +257,14 @@ class TranscriptionEngine:
         # Audios started at once: enough that every row has a window encoded and waiting for it.
         self.in_flight = 4 * self.windows
         self._advancing = False  # an advance of the rows was launched and not collected yet
-        # On CUDA, features and the encoder run on a side stream, beside the rows' steps; the
-        # decoder's stream waits for that work before it reads an encoder output.
+        # On CUDA, features and the encoder run on side streams beside the rows' steps, and more
+        # urgently; the decoder's stream waits for an audio's encoder pass before it reads its output.
         device = torch.device(model.device)
-        self._main = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self._side = side_stream(device, "whisper encoder") if device.type == "cuda" else None
-        self._side_work = False  # side-stream work the decoder's stream has not waited for
+        cuda = device.type == "cuda"
+        self._main = torch.cuda.current_stream(device) if cuda else None
+        self._features = side_stream(device, "whisper features", priority=-2) if cuda else None
+        self._encoder = side_stream(device, "whisper encoder", priority=-1) if cuda else None
+        self._held: List[_Request] = []  # decode requests whose encoder pass the rows do not wait for
         self._returning: List[_Worker] = []  # audios whose windows the last collect finished
         self._arriving: List[_OnTheWay] = []  # features on their way to the host for their workers
         self._regroup_until = 0.0  # until when the next advance waits for their next windows
@@ -341,8 +347,8 @@ class TranscriptionEngine:
 
     # -- the engine thread -----------------------------------------------------------------------
     def _serve(self, until_idle: bool) -> None:
-        if self._side is not None:
-            self._main = torch.cuda.current_stream(self._side.device)  # this thread's: the rows step there
+        if self._encoder is not None:
+            self._main = torch.cuda.current_stream(self._encoder.device)  # this thread's: the rows step there
         try:
             with torch.inference_mode(), strict_float32(self.model.device, self.model.dtype):
                 while True:
@@ -364,6 +370,7 @@ class TranscriptionEngine:
         their audios, the rows they free are refilled, and the next advance is launched."""
         scheduler = self._scheduler
         if self._advancing:
+            self._release_encoded()
             if not scheduler.ready:
                 if scheduler.waiting:
                     scheduler.admit(while_advancing=True)
@@ -376,6 +383,9 @@ class TranscriptionEngine:
                 # moment for those audios' next windows (an encoder pass away), so they step with
                 # the others from the start instead of waiting for the next look at the guard.
                 self._regroup_until = time.perf_counter() + self.REGROUP_SECONDS
+        # While regrouping, the next advance waits for those audios anyway: their windows go in now
+        # even if their encoder pass is still running.
+        self._release_encoded(waited_for=self._returning if self._regroup_until else ())
         if self._regrouping():
             return
         if scheduler.waiting:
@@ -390,7 +400,7 @@ class TranscriptionEngine:
         if not self._returning:
             return False
         if self._regroup_until and time.perf_counter() < self._regroup_until and any(
-            w.decode_request is None and w.job in self._workers for w in self._returning
+            not w.tickets and w.job in self._workers for w in self._returning
         ):
             return True
         self._returning, self._regroup_until = [], 0.0
@@ -425,31 +435,53 @@ class TranscriptionEngine:
                     return len(self._workers) == self._waiting
                 return until_idle or self._stopping
 
-            if self._advancing or self._returning or self._arriving:
+            if self._advancing or self._returning or self._arriving or self._held:
                 if not self._queue and not self._cancels and not (self._advancing and self._scheduler.ready):
                     self._lock.wait(self.POLL_SECONDS)
             elif self._scheduler.idle:
                 self._lock.wait_for(ready)
             idle = (not self._workers and not self._pending and not self._queue and self._scheduler.idle
-                    and not self._advancing and not self._arriving)
+                    and not self._advancing and not self._arriving and not self._held)
             if idle and (until_idle or self._stopping):
                 return None
             requests, self._queue = self._queue, []
             return requests
 
     # -- streams ---------------------------------------------------------------------------------
-    def _on_side(self):
-        """Where features and the encoder run: a side stream on CUDA, beside the rows' steps."""
-        if self._side is None:
-            return contextlib.nullcontext()
-        self._side_work = True
-        return torch.cuda.stream(self._side)
+    @staticmethod
+    def _on(stream):
+        """Work on ``stream`` (a side stream on CUDA; on the CPU there is one order)."""
+        return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
-    def _main_waits_for_side(self) -> None:
-        """The decoder's stream waits for the features and encoder outputs queued so far."""
-        if self._side_work:
-            self._main.wait_stream(self._side)
-            self._side_work = False
+    def _encoder_mark(self):
+        """(CUDA) An event after the encoder pass just queued: what that audio's windows wait for."""
+        if self._encoder is None:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _main_waits_for_encoder(self, worker: _Worker) -> None:
+        """The decoder's stream waits for this audio's last encoder pass: not for the other audios'
+        passes queued behind it."""
+        if worker.encoded is not None:
+            self._main.wait_event(worker.encoded)
+
+    def _release_encoded(self, waited_for=()) -> None:
+        """Hand held decode requests to the scheduler: those whose encoder pass is through, those of
+        the workers in ``waited_for`` (the next advance waits for them anyway), and every one while
+        no row is in use (then nothing but themselves waits for their encoder pass)."""
+        if not self._held:
+            return
+        everything = not self._advancing and not self._scheduler.admitted
+        held, self._held = self._held, []
+        for r in held:
+            event = r.worker.encoded
+            if everything or event is None or r.worker in waited_for or event.query():
+                self._main_waits_for_encoder(r.worker)
+                self._submit_windows(r)
+            else:
+                self._held.append(r)
 
     def _used_on_main(self, tensor) -> None:
         """A side-stream tensor the decoder's stream reads: its memory is not reused before that read."""
@@ -463,6 +495,7 @@ class TranscriptionEngine:
             worker = self._workers.get(job)
             if worker is not None and worker.decode_request is not None:
                 request = worker.decode_request
+                self._held = [r for r in self._held if r is not request]
                 for ticket in worker.tickets:
                     self._scheduler.cancel(ticket)
                 worker.tickets, worker.decode_request = [], None
@@ -477,6 +510,8 @@ class TranscriptionEngine:
     def _answer_all(self, requests: List[_Request]) -> None:
         model = self.model
         for r in requests:
+            if self._advancing and self._scheduler.ready:
+                self._drive_rows()  # the rows are through: the next advance goes before more host work
             if r.worker.job.cancelled:
                 self._answer(r, error=Cancelled("transcription cancelled"))
             elif r.kind == "encode":
@@ -484,36 +519,42 @@ class TranscriptionEngine:
                 # matrix product may round differently from a single one on the GPU, and the
                 # result must not depend on which audios share the batch. (The batched pipeline
                 # sends its own audio's chunks together, as transcribe(batched=True) encodes them.)
-                with self._on_side():
-                    self._answer(r, model.encode(r.args[0]))
+                with self._on(self._encoder):
+                    encoded = model.encode(r.args[0])
+                    r.worker.encoded = self._encoder_mark()
+                self._answer(r, encoded)
             elif r.kind == "features":
                 # Computed where transcribe computes them, then kept on the host for the worker, which
                 # waits for the copy itself: this thread goes on.
-                with self._on_side():
+                with self._on(self._features):
                     features = _OnTheWay(model.features(*r.args))
                 if not features.arrived():
                     self._arriving.append(features)
                 self._answer(r, features)
             elif r.kind == "detect_language":
-                self._main_waits_for_side()
+                self._main_waits_for_encoder(r.worker)
                 self._used_on_main(r.args[0])
                 self._answer(r, model.detect_language(*r.args))
             elif r.kind == "align":
-                self._main_waits_for_side()
+                self._main_waits_for_encoder(r.worker)
                 self._used_on_main(r.args[0])
                 self._answer(r, model.align(*r.args))
             elif r.kind == "vad":
                 self._answer(r, model.speech_probabilities(*r.args))
             elif r.kind == "decode":
-                features, requests_, suppress, suppress_at_begin, options = r.args
-                self._used_on_main(features)
-                key = (options, suppress, suppress_at_begin)  # windows with equal keys share a run
                 r.worker.decode_request = r
-                done = self._decoded(r, len(requests_))
-                r.worker.tickets = [
-                    self._scheduler.submit(key, WindowJob(features[i : i + 1], request), done(i))
-                    for i, request in enumerate(requests_)
-                ]
+                self._held.append(r)  # to the scheduler from _drive_rows (_release_encoded)
+
+    def _submit_windows(self, r: _Request) -> None:
+        """A decode request's windows into the scheduler's queue."""
+        features, requests_, suppress, suppress_at_begin, options = r.args
+        self._used_on_main(features)
+        key = (options, suppress, suppress_at_begin)  # windows with equal keys share a run
+        done = self._decoded(r, len(requests_))
+        r.worker.tickets = [
+            self._scheduler.submit(key, WindowJob(features[i : i + 1], request), done(i))
+            for i, request in enumerate(requests_)
+        ]
 
     def _decoded(self, request: _Request, count: int):
         """Callbacks for the ``count`` windows of one decode request: it is answered once all are back."""
@@ -546,7 +587,8 @@ class TranscriptionEngine:
         with self._lock:
             self._failed = exc
             self._accepting = False
-            stranded, self._queue = self._queue, []
+            stranded, self._queue = self._queue + self._held, []
+            self._held = []
             pending, self._pending = self._pending, []
         for r in stranded:
             self._answer(r, error=Cancelled("engine stopped"))
