@@ -1,14 +1,15 @@
 """Gather into .carry/server/ what bench/serve_gpu.py needs on the GPU machine: the wheels of
 ``ostinato[server]`` its image lacks, and a speech recording to cut the requests from.
 
-    python dev/server_device_bundle.py            # cp312 manylinux x86_64 wheels + speech.wav (about 13 MB)
+    python dev/server_device_bundle.py            # cp312 manylinux x86_64 wheels + speech.wav (about 18 MB)
     # on the device (carry .carry/server):
     PHASE=serve ./dev/device_checks.sh            # installs the wheels, runs the GPU tests and the serve bench
 
 The image has anyio, h11, httpx, prometheus-client, annotated-doc and typing-extensions; it lacks FastAPI and what
-FastAPI needs beside them. The versions are the ones installed here (``pip install '.[server]'``), so
-the device runs what the CPU tests ran. fastapi 0.165 imports opentelemetry-api at import time: a
-server without it exits at start ("the server needs its extra"). speech.wav is the test clips end to
+FastAPI needs beside them, and uvicorn's compiled HTTP parser and event loop (httptools, uvloop).
+The versions are the ones installed here (``pip install '.[server]'``), so the device runs what the
+CPU tests ran. fastapi 0.165 imports opentelemetry-api at import time: a server without it exits at
+start ("the server needs its extra"). speech.wav is the test clips end to
 end, cut to 300 s, as a 16-kHz mono 16-bit WAV: the device has no PyAV, and such a WAV needs none.
 """
 from __future__ import annotations
@@ -33,6 +34,8 @@ MISSING = [
     ("annotated-types", "pydantic"),
     ("typing-inspection", "pydantic, fastapi"),
     ("opentelemetry-api", "fastapi 0.165's telemetry, imported with fastapi"),
+    ("httptools", "uvicorn's compiled HTTP parser"),
+    ("uvloop", "uvicorn's compiled event loop"),
 ]
 SECONDS = 300.0
 
