@@ -144,7 +144,11 @@ def show(paths: List[str]) -> None:
     for path in paths:
         data = json.loads(Path(path).read_text())
         print(f"== {path}: {' '.join(data['argv'])[:100]}")
-        for start, end, audios in bursts(data["events"]):
+        groups = bursts(data["events"])
+        lone = [g for g in groups if len(g[2]) == 1]
+        if lone:  # an idle server's requests, one at a time: what the loaded ones are compared with
+            _print_lone(data["events"], lone)
+        for start, end, audios in groups:
             if len(audios) < 4:
                 continue
             s = summary(data["events"], start, end, audios)
@@ -159,6 +163,23 @@ def show(paths: List[str]) -> None:
                 mean = ", ".join(f"{k} {1e3 * statistics.mean(x.get(k, 0.0) for x in splits):.0f}" for k in parts)
                 print(f"   {kind} audios {len(splits)}: p50 {statistics.median(total):.3f} s, "
                       f"p99 {_percentile(total, 0.99):.3f} s; mean ms spent waiting on {mean}")
+                slowest = sorted(splits, key=lambda x: x["total"])[-3:]
+                print("     the slowest: " + " | ".join(
+                    ", ".join(f"{k} {1e3 * x.get(k, 0.0):.0f}" for k in ["total"] + parts) for x in slowest))
+
+
+def _print_lone(events: List[list], lone: List[tuple]) -> None:
+    """Audios alone on the engine (no other audio's lifetime overlaps theirs): their mean waits."""
+    splits = [summary(events, start, end, audios)["audios"] for start, end, audios in lone]
+    for kind in ("short", "long"):
+        rows = [x for s in splits for x in s.get(kind, [])]
+        if not rows:
+            continue
+        total = [x["total"] for x in rows]
+        parts = sorted({k for x in rows for k in x} - {"total"})
+        mean = ", ".join(f"{k} {1e3 * statistics.mean(x.get(k, 0.0) for x in rows):.0f}" for k in parts)
+        print(f"-- alone, {kind} audios {len(rows)}: p50 {statistics.median(total):.3f} s, "
+              f"p99 {_percentile(total, 0.99):.3f} s; mean ms spent waiting on {mean}")
 
 
 def main() -> None:

@@ -7,3 +7,6 @@ if os.environ.get("OSTINATO_TIMELINE_DIR"):
     import engine_timeline
 
     engine_timeline.start_recording(os.environ["OSTINATO_TIMELINE_DIR"])
+
+if os.environ.get("OSTINATO_SWITCH_INTERVAL"):  # an A/B of the interpreter's thread switch interval
+    sys.setswitchinterval(float(os.environ["OSTINATO_SWITCH_INTERVAL"]))
