@@ -137,6 +137,41 @@ def test_engine_admitting_while_rows_step_gives_each_audio_its_own_result(data_d
     assert sum(during) > 0  # some windows were admitted while the rows stepped
 
 
+def test_a_lone_audio_on_an_engine_steps_its_own_rows(data_dir):
+    """An engine of four rows captures its run's graph (four rows) when the run opens, and a one-row
+    graph when a lone audio comes to rows none of which is in use; the lone audio's advances replay
+    the one-row graph (a smaller graph, fewer masked rows stepped), and its tokens are the ones it
+    gets alone. Three audios at once then replay the four-row graph, and get their own tokens too."""
+    model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
+    opts = dict(beam_size=1, best_of=1, temperature=0.0, max_new_tokens=40)
+    audios = [noise(s, seed=60 + i) for i, s in enumerate((4.0, 45.0, 6.0, 3.0))]
+    alone = [tokens_of(model, audio, max_new_tokens=40) for audio in audios]
+    engine = model.engine(batch_size=4, max_search=1)
+    graph = engine._decoder.graph
+    replayed = []
+    original = type(graph).__call__
+
+    def recording(self, key, **inputs):
+        if self is graph:
+            replayed.append(key.rows)
+        return original(self, key, **inputs)
+
+    type(graph).__call__ = recording
+    try:
+        engine.start()
+        first = engine.submit(audios[0], model.options(**opts)).result(timeout=300)
+        lone = list(replayed)
+        rest = [engine.submit(a, model.options(**opts)) for a in audios[1:]]
+        results = [first] + [job.result(timeout=300) for job in rest]
+        engine.shutdown()
+    finally:
+        type(graph).__call__ = original
+    assert [[s.tokens for s in segments] for segments, _ in results] == alone
+    assert {key.rows for key in graph.captured_keys() if isinstance(key, GreedyKey)} >= {1, 4}
+    assert lone and set(lone) == {1}
+    assert 4 in replayed[len(lone):]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("timestamps", [True, False])
 def test_random_model_graph_equals_eager(data_dir, dtype, timestamps):
