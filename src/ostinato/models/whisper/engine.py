@@ -312,7 +312,8 @@ class TranscriptionEngine:
         """Audios waiting to start, audios in progress, decode windows waiting for rows, windows in rows."""
         with self._lock:
             return dict(queued=len(self._pending), running=len(self._workers),
-                        waiting_windows=self._scheduler.waiting, busy_windows=self._scheduler.admitted)
+                        waiting_windows=self._scheduler.waiting + sum(len(r.args[1]) for r in self._held),
+                        busy_windows=self._scheduler.admitted)
 
     # -- worker side -----------------------------------------------------------------------------
     def _enqueue(self, request: _Request) -> None:
