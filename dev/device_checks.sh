@@ -6,7 +6,8 @@
 #   PHASE=e2e    ./dev/device_checks.sh   bench/whisper_e2e.py on the real tiny.en beside transformers' pipeline ($E2E_ARGS)
 #   PHASE=first  ./dev/device_checks.sh   dev/first_call_profile.py: fresh processes, Triton cache cold then warm,
 #                                          random tiny and large-v3, large-v3 at 1, 2 and 8 steps per replay
-#   PHASE=serve  ./dev/device_checks.sh   the runtime and Whisper GPU tests, then bench/serve_gpu.py ($SERVE_ARGS);
+#   PHASE=serve  ./dev/device_checks.sh   the runtime and Whisper GPU tests, then bench/serve_gpu.py ($SERVE_ARGS)
+#                                          under dev/engine_timeline.py (timeline.txt: engine and HTTP waits);
 #                                          carry .carry/server (dev/server_device_bundle.py): no tiny.en needed
 # Expects the real tiny.en parts copied to /tmp/tiny by earlier calls (dev/export_device_bundle.py).
 if [ -d /tmp/tiny ]; then  # (PHASE=serve needs none of it)
@@ -52,9 +53,11 @@ case "${PHASE:-tests}" in
     timeout ${TEST_S:-150} python -m pytest -q tests/gpu/test_runtime_gpu.py tests/gpu/test_whisper_gpu.py \
       -p no:cacheprovider > $OUT/gputests.txt 2>&1
     echo "gpu tests rc=$?"; tail -5 $OUT/gputests.txt
-    timeout ${SERVE_S:-400} python bench/serve_gpu.py --size large-v3 --speech .carry/server/speech.wav \
-      ${SERVE_ARGS:---concurrency 16 64} > $OUT/serve.txt 2>&1
-    echo "serve bench rc=$?"; sed -n '/^== ostinato/,$p' $OUT/serve.txt ;;
+    timeout ${SERVE_S:-400} python dev/engine_timeline.py run $OUT/timeline -- python bench/serve_gpu.py --size large-v3 \
+      --speech .carry/server/speech.wav ${SERVE_ARGS:---concurrency 16 64} > $OUT/serve.txt 2>&1
+    echo "serve bench rc=$?"; sed -n '/^== ostinato/,$p' $OUT/serve.txt
+    python dev/engine_timeline.py show $OUT/timeline/*.json > $OUT/timeline.txt 2>&1  # where each request's time went
+    grep -E "^==|alone|short audios" $OUT/timeline.txt | cut -c1-220 ;;
   e2e)
     timeout ${E2E_S:-560} python bench/whisper_e2e.py --model /tmp/tiny --clips .carry/tiny_rest/clips --out $OUT $E2E_ARGS \
       > $OUT/e2e.txt 2>&1

@@ -13,12 +13,17 @@ audio (submitted to finished). Each process writes ``timeline-<pid>.json`` into 
 ``show`` splits a file into bursts (audios whose lifetimes overlap: one load level of the serve
 benchmark, one ``transcribe_batch`` call) and prints, for each burst of 4 audios or more, the
 engine thread's time per phase, each request kind's latency, and the audios' latency split by
-request kind, short (under 20 s) and long apart.
+request kind, short (under 20 s) and long apart. In a server's process each transcription request's
+HTTP span is recorded too (from the app's first look at it to its last byte sent): an audio's split
+then also shows the time before it reached the engine (body, form, decode) and after it left
+(response), as "http before" and "http after".
 """
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextvars
+import itertools
 import json
 import os
 import statistics
@@ -36,6 +41,8 @@ PHASES = ("wait", "answer", "admit", "advance", "collect")
 
 events: List[list] = []  # [name, start, end, detail]
 now = time.perf_counter
+_http_request = contextvars.ContextVar("engine_timeline_http_request", default=None)
+_http_ids = itertools.count()
 
 
 def install() -> None:
@@ -73,15 +80,40 @@ def install() -> None:
     def _submit(self, audio, options, on_segment=None):
         start = now()
         job = submit(self, audio, options, on_segment)
-        job.timeline = (start, int(getattr(audio, "size", 0) or 0))
+        job.timeline = (start, int(getattr(audio, "size", 0) or 0), _http_request.get())
         return job
 
     def _worker_finished(self, worker, outcome):
-        start, samples = getattr(worker.job, "timeline", (0.0, 0))
-        events.append(["audio", start, now(), [worker.job.index, samples]])
+        start, samples, http = getattr(worker.job, "timeline", (0.0, 0, None))
+        events.append(["audio", start, now(), [worker.job.index, samples, http]])
         return finished(self, worker, outcome)
 
     E._enqueue, E._answer, E.submit, E._worker_finished = _enqueue, _answer, _submit, _worker_finished
+
+
+def install_http() -> None:
+    """Wrap FastAPI's ASGI entry: each transcription request's span as an "http" event, its id seen
+    by the engine's submit (a context variable: the handler submits from the request's own task)."""
+    import fastapi
+
+    original = fastapi.FastAPI.__call__
+
+    async def call(self, scope, receive, send):
+        if scope.get("type") != "http" or "/audio/" not in scope.get("path", ""):
+            return await original(self, scope, receive, send)
+        request, start = next(_http_ids), now()
+        token = _http_request.set(request)
+
+        async def sending(message):
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                events.append(["http", start, now(), request])
+        try:
+            return await original(self, scope, receive, sending)
+        finally:
+            _http_request.reset(token)
+
+    fastapi.FastAPI.__call__ = call
 
 
 def start_recording(folder: str) -> None:
@@ -92,6 +124,8 @@ def start_recording(folder: str) -> None:
             decoding = sys.modules.get("ostinato.models.whisper.decoding")
             if engine and decoding and hasattr(engine, "TranscriptionEngine") and hasattr(decoding, "GreedyRun"):
                 install()
+                if "fastapi" in sys.modules:  # a server: it imports its app before it loads the model
+                    install_http()
                 return
             time.sleep(0.005)
 
@@ -127,10 +161,15 @@ def summary(events: List[list], start: float, end: float, audios: List[list]) ->
         if e[0].startswith("request:"):
             requests[e[0][8:]].append(e[2] - e[1])
             per_audio[e[3]][e[0][8:]] += e[2] - e[1]
+    spans = {e[3]: e for e in events if e[0] == "http"}
     kinds: Dict[str, List[dict]] = defaultdict(list)
-    for _, s, t, (index, samples) in audios:
+    for _, s, t, detail in audios:
+        index, samples = detail[0], detail[1]
         split = dict(per_audio[index])
         split["total"] = t - s
+        http = spans.get(detail[2]) if len(detail) > 2 else None
+        if http is not None:  # served over HTTP: the time before the engine had it and after
+            split["http before"], split["http after"] = s - http[1], http[2] - t
         kinds["long" if samples >= 20 * 16000 else "short"].append(split)
     return dict(wall=end - start, phases=phases, requests=dict(requests), audios=dict(kinds))
 

@@ -29,6 +29,47 @@ def test_bursts_and_their_summary_by_hand():
     assert long_ == pytest.approx({"encode": 0.1, "decode": 1.2, "total": 1.5})
 
 
+def test_an_audio_served_over_http_shows_the_time_before_and_after_the_engine():
+    events = [
+        ["http", 0.9, 2.25, 7], ["audio", 1.0, 2.0, [0, 16000 * 5, 7]],
+        ["audio", 1.5, 2.5, [1, 16000 * 5, None]],  # submitted without a request (the Python API)
+        ["request:decode", 1.2, 1.9, 0],
+    ]
+    s = engine_timeline.summary(events, *engine_timeline.bursts(events)[0])
+    served, direct = s["audios"]["short"]
+    assert served == pytest.approx({"decode": 0.7, "total": 1.0, "http before": 0.1, "http after": 0.25})
+    assert direct == pytest.approx({"total": 1.0})
+
+
+def test_install_http_records_each_transcription_request_and_hands_its_id_to_the_handler():
+    fastapi = pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    original = fastapi.FastAPI.__call__
+    engine_timeline.events.clear()
+    try:
+        engine_timeline.install_http()
+        app = fastapi.FastAPI()
+
+        @app.post("/v1/audio/transcriptions")
+        async def transcribe():
+            return {"request": engine_timeline._http_request.get()}
+
+        @app.get("/health")
+        async def health():
+            return {"request": engine_timeline._http_request.get()}
+
+        with TestClient(app) as client:
+            seen = [client.post("/v1/audio/transcriptions").json()["request"] for _ in range(2)]
+            assert client.get("/health").json() == {"request": None}  # not a transcription: not timed
+    finally:
+        fastapi.FastAPI.__call__ = original
+    spans = [e for e in engine_timeline.events if e[0] == "http"]
+    engine_timeline.events.clear()
+    assert [e[3] for e in spans] == seen and seen[1] == seen[0] + 1
+    assert all(e[2] >= e[1] for e in spans)
+
+
 def test_install_records_an_engine_at_work(tiny_en_path):
     from ostinato import WhisperModel
     from ostinato.models.whisper import decoding, engine
