@@ -733,8 +733,7 @@ class GreedyRun(SlotTable):
         self.rows = rows
         super().__init__(windows)  # busy slot -> its first row
         self._stepped: set = set()  # the slots the last advance stepped: all collect may report
-        self._snapshot: Optional[RowSnapshot] = None  # the rows as the last advance leaves them
-        self._in_flight = False  # an advance was launched and not collected yet
+        self._snapshot: Optional[RowSnapshot] = None  # the rows as the advance not yet collected leaves them
 
     # Admission only queues device work behind a running advance, and collect reads the snapshot
     # that advance queued: a window can be loaded while the rows step (see admit).
@@ -748,9 +747,9 @@ class GreedyRun(SlotTable):
     def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
         """Load windows into free slots; returns their slot numbers. Also while an advance runs: the
         prefill is queued behind it, and the slots are not the last advance's to report."""
-        if self.graph.use_graphs and not self.busy and not self._in_flight:
-            # No row is in use: a smaller bucket's graph can be captured now (capture resets the
-            # rows), so that these windows step only their own rows.
+        if self.graph.use_graphs and not self.busy and self._snapshot is None:
+            # No row is in use and no advance in flight: a smaller bucket's graph can be captured now
+            # (capture resets the rows), so that these windows step only their own rows.
             need = next(b for b in self._buckets if b >= len(jobs))
             self.decoder.capture_graph(self.graph, self.key._replace(rows=need))
         slots = self.take(len(jobs))
@@ -775,7 +774,6 @@ class GreedyRun(SlotTable):
                 key = next(k for k in (key._replace(rows=b) for b in self._buckets if b >= extent)
                            if self.graph.is_captured(k) or k == self.key)
         self.graph(key)
-        self._in_flight = True
         self._stepped = set(self.slots())
         self._snapshot = self.decoder.snapshot_rows(self.rows)
 
@@ -791,10 +789,10 @@ class GreedyRun(SlotTable):
 
     def collect(self) -> Dict[int, WindowResult]:
         """Results of the windows the last advance finished; their slots become free."""
-        self._in_flight = False
-        if self._snapshot is None:
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None:
             return {}
-        rows = self._snapshot.read()  # the one wait for the device per advance
+        rows = snapshot.read()  # the one wait for the device per advance
         done = rows["done"].tolist()
         finished = [slot for slot, first in self.items()
                     if slot in self._stepped and all(done[first : first + self.per])]
