@@ -90,7 +90,11 @@ def kernels():
         ("prefill chunk scan, TF32 (16 heads, 128 x 128)", delta_rule._chunk_scan_kernel,
          pointers(fp32=("u_ptr", "w_ptr", "qd_ptr", "a_ptr", "kt_ptr", "decay_ptr", "state_ptr", "out_ptr")),
          dict(C=64, DK=128, DV=128, BV=16, PRECISION="tf32"), 8, 1, 16 * 8),
-    ]
+    ] + [(f"prefill chunk prepare, {precision}, {warps} warps, blocks {block}, {stages} st", delta_rule._chunk_prepare_kernel,
+          pointers(fp32=("g_ptr", "u_ptr", "w_ptr", "qd_ptr", "a_ptr", "kt_ptr", "decay_ptr", "scratch_ptr")),
+          dict(V_HEADS=16, GROUP=1, C=64, BT=16, DK=128, BK=block, DV=128, BV=block, SCALE=128 ** -0.5,
+               PRECISION=precision), warps, stages, 64 * 16)
+        for precision in ("ieee", "tf32") for warps in (4, 8) for block in (32, 64) for stages in (1,)]
 
 
 def main() -> int:

@@ -111,6 +111,47 @@ def test_the_chunk_scan_kernel_equals_the_pytorch_scan(dk, dv, dtype, monkeypatc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunk_prepare_kernel_serves_shared_key_heads_and_nearly_alike_keys(dtype, monkeypatch):
+    """Everything inside the chunks in one kernel (norms, decays, each chunk's triangular inverse, the
+    values and keys solved for), a key head serving two value heads in place, against the PyTorch
+    terms and solve (the same scan kernel after both), on keys nearly alike with slow decay (where an
+    inexact inverse loses everything) and on random ones, and against the float64 recurrence."""
+    from ostinato.models.llm import delta_rule as rule
+    from ostinato.ops import delta_rule as kernels
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows, length, k_heads, v_heads, dk, dv = 2, 150, 2, 4, 128, 64  # three chunks, the last one padded
+    for alike in (True, False):
+        qk = torch.randn(rows, length, k_heads, 2 * dk, device="cuda", generator=g)
+        if alike:  # one direction shared by every key, strong writes, almost no decay
+            qk[..., dk:] = 0.3 * qk[..., dk:] + torch.randn(dk, device="cuda", generator=g)
+            beta = 0.8 + 0.2 * torch.rand(rows, length, v_heads, device="cuda", generator=g)
+            decay = -0.001 * torch.rand(rows, length, v_heads, device="cuda", generator=g)
+        else:
+            beta = torch.rand(rows, length, v_heads, device="cuda", generator=g)
+            decay = -0.5 * torch.rand(rows, length, v_heads, device="cuda", generator=g)
+        qk = qk.to(dtype)
+        q, k = qk[..., :dk], qk[..., dk:]  # views of one projection, as the layer passes them
+        v = torch.randn(rows, length, v_heads, dv, device="cuda", generator=g).to(dtype)
+        state = torch.randn(rows, v_heads, dk, dv, device="cuda", generator=g) * 0.1
+        assert kernels.can_prepare(q, v, 64)
+        got, got_state = rule.chunked_delta_rule(q, k, v, decay, beta.to(dtype), state)
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "can_prepare", lambda *a: False)
+            want, want_state = rule.chunked_delta_rule(q, k, v, decay, beta.to(dtype), state)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        scale = want.float().abs().max()
+        assert (got.float() - want.float()).abs().max() / scale < tol
+        assert (got_state - want_state).abs().max() / want_state.abs().max() < tol
+        qr, kr = (x.repeat_interleave(2, dim=2).double() for x in (q, k))
+        exact_state = state.double().clone()
+        exact = torch.stack([rule.recurrent_delta_step(qr[:, t], kr[:, t], v[:, t].double(), decay[:, t].double(),
+                                                       beta[:, t].to(dtype).double(), exact_state)
+                             for t in range(length)], dim=1)
+        assert (got.double() - exact).abs().max() / exact.abs().max() < (1e-4 if dtype == torch.float32 else 3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_prefill_chains_match_the_eager_ops_at_every_length(dtype, caplog):
     from torch._dynamo.utils import counters
 

@@ -24,22 +24,29 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
                        chunk: int = 64) -> Tuple[Tensor, Tensor]:
-    """q, k: [B, T, H, dk]; v: [B, T, H, dv]; g, beta: [B, T, H]; state: [B, H, dk, dv] float32.
+    """q, k: [B, T, Hk, dk]; v: [B, T, H, dv]; g, beta: [B, T, H]; state: [B, H, dk, dv] float32. Hk
+    divides H: each key head serves H / Hk value heads, consecutive ones.
 
     Returns (output [B, T, H, dv] in q's dtype, final state [B, H, dk, dv] float32).
     """
-    batch, length, heads, _ = k.shape
-    system, v_beta, k_beta_decayed, *rest = chunk_terms(q, k, v, g, beta, chunk)
+    batch, length, heads, _ = v.shape
     state = state.to(torch.float32)
-    inverse = unit_lower_inverse(system)
-    values, keys_decayed = inverse @ v_beta, inverse @ k_beta_decayed
-    if delta_kernel.can_scan(state, chunk):
-        # a half-precision model's scan on the tensor cores in TF32 (its inputs carry 8-11 bits);
-        # float32 models keep IEEE products, as the PyTorch loop computes them
-        half = q.dtype in (torch.float16, torch.bfloat16)
-        out, state = delta_kernel.chunk_scan(values, keys_decayed, *rest, state, precision="tf32" if half else "ieee")
+    # a half-precision model's products on the tensor cores in TF32 (its inputs carry 8-11 bits; the
+    # reference kernels multiply them in bfloat16); float32 models keep IEEE products, as PyTorch's ops
+    # compute them. (Not tf32x3: Triton 3.6 made kernels of it that read out of bounds on an H100)
+    precision = "tf32" if q.dtype in (torch.float16, torch.bfloat16) else "ieee"
+    if delta_kernel.can_scan(state, chunk) and delta_kernel.can_prepare(q, v, chunk):
+        terms = delta_kernel.chunk_prepare(q, k, v, g, beta, chunk, precision)
     else:
-        out, state = scan_chunks(values, keys_decayed, *rest, state)
+        if q.shape[2] != heads:
+            q, k = (x.repeat_interleave(heads // x.shape[2], dim=2) for x in (q, k))
+        system, v_beta, k_beta_decayed, *rest = chunk_terms(q, k, v, g, beta, chunk)
+        inverse = unit_lower_inverse(system)
+        terms = (inverse @ v_beta, inverse @ k_beta_decayed, *rest)
+    if delta_kernel.can_scan(state, chunk):
+        out, state = delta_kernel.chunk_scan(*terms, state, precision=precision)
+    else:
+        out, state = scan_chunks(*terms, state)
     out = out.reshape(batch, heads, -1, v.shape[-1])[:, :, :length]
     return out.transpose(1, 2).to(q.dtype), state
 

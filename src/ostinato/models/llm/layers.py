@@ -310,7 +310,7 @@ class GatedDeltaNet(nn.Module):
             conv_out = conv_out.transpose(1, 2)
         keep = self.kernel - 1
         conv_state[rows] = torch.cat((held, mixed[:, -keep:].transpose(1, 2)), dim=-1)[..., -keep:].to(conv_state.dtype)
-        q, k, v, g, beta = self._split(conv_out, a, b)
+        q, k, v, g, beta = self._split(conv_out, a, b, repeat=False)  # the rule serves groups itself
         # a few rows at a time: the rule's float32 temporaries grow with rows x tokens
         step = max(1, DELTA_RULE_TOKENS // t)
         outs = []
