@@ -1,7 +1,8 @@
 """Check ostinato.ops.delta_rule.chunk_prepare (everything inside the chunks of the chunked gated delta
 rule: norms, decays, the triangular systems' inverses, the values and decayed keys solved for) against
 the PyTorch terms (``chunk_terms`` + ``unit_lower_inverse`` + the two products) run in float64, the
-scan kernel over those terms against the PyTorch loop in float64, and, on a GPU, the whole prefill rule (prepare + scan kernels) against the one-token recurrence in float64.
+scan kernel over those terms against the PyTorch loop in float64, and, on a GPU, the whole prefill
+rule (prepare + scan kernels) against the one-token recurrence in float64.
 
     TRITON_INTERPRET=1 PYTHONPATH=src:/path/to/triton python dev/delta_prefill_check.py   # CPU, float32
     PYTHONPATH=src python dev/delta_prefill_check.py                                     # on a GPU
@@ -62,7 +63,7 @@ def check(device, on_gpu, dtype, case) -> bool:
     ok = all(e <= tol for e in errors.values())
     worst = max(errors, key=errors.get)
     line = f"{case} {str(dtype)[6:]}: terms worst {worst} {errors[worst]:.1e}"
-    # the scan over those terms, in two kernels (split) and in one, against the PyTorch loop in float64
+    # the scan kernel over those terms against the PyTorch loop in float64
     want_out, want_state = rule.scan_chunks(*(x.double() for x in got), state.double())
     out, final = kernels.chunk_scan(*got, state, precision=precision)
     out_err = ((out.double() - want_out).abs().max() / want_out.abs().max()).item()

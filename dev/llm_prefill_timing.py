@@ -83,12 +83,12 @@ def rule_paths(net, h, st, rows):
     args = captured["args"]
     print("rule inputs:", [tuple(a.shape) for a in args])
     got, got_state = rule.chunked_delta_rule(*args)
-    ms = timed(lambda: rule.chunked_delta_rule(*args)) * 1e3
+    kernel_ms = timed(lambda: rule.chunked_delta_rule(*args)) * 1e3
     real = kernels.can_prepare
     kernels.can_prepare = lambda *a: False
     try:
         want, want_state = rule.chunked_delta_rule(*args)
-        old = timed(lambda: rule.chunked_delta_rule(*args)) * 1e3
+        torch_ms = timed(lambda: rule.chunked_delta_rule(*args)) * 1e3
     finally:
         kernels.can_prepare = real
     q, k, v, g, beta, state = args
@@ -102,7 +102,7 @@ def rule_paths(net, h, st, rows):
                 print(f"  prepare {precision:>6} warps {warps} blocks {block}: {ms:.3f} ms (vs ieee {err:.1e})")
     err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
     state_err = ((got_state - want_state).abs().max() / want_state.abs().max()).item()
-    print(f"delta rule, one layer: prepare kernel + scan {ms:.3f} ms; PyTorch terms + scan {old:.3f} ms; "
+    print(f"delta rule, one layer: prepare kernel + scan {kernel_ms:.3f} ms; PyTorch terms + scan {torch_ms:.3f} ms; "
           f"relative difference output {err:.1e}, state {state_err:.1e}")
 
 

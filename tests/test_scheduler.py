@@ -195,4 +195,3 @@ def test_a_run_that_cannot_admit_while_advancing_is_left_alone():
     assert scheduler.ready  # a run without the property never makes collect wait
     scheduler.collect()
     assert scheduler.admit() == 1
-

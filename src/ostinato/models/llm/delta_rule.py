@@ -35,7 +35,8 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     # reference kernels multiply them in bfloat16); float32 models keep IEEE products, as PyTorch's ops
     # compute them. (Not tf32x3: Triton 3.6 made kernels of it that read out of bounds on an H100)
     precision = "tf32" if q.dtype in (torch.float16, torch.bfloat16) else "ieee"
-    if delta_kernel.can_scan(state, chunk) and delta_kernel.can_prepare(q, v, chunk):
+    scan_kernel = delta_kernel.can_scan(state, chunk)
+    if scan_kernel and delta_kernel.can_prepare(q, v, chunk):
         terms = delta_kernel.chunk_prepare(q, k, v, g, beta, chunk, precision)
     else:
         if q.shape[2] != heads:
@@ -43,7 +44,7 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
         system, v_beta, k_beta_decayed, *rest = chunk_terms(q, k, v, g, beta, chunk)
         inverse = unit_lower_inverse(system)
         terms = (inverse @ v_beta, inverse @ k_beta_decayed, *rest)
-    if delta_kernel.can_scan(state, chunk):
+    if scan_kernel:
         out, state = delta_kernel.chunk_scan(*terms, state, precision=precision)
     else:
         out, state = scan_chunks(*terms, state)
