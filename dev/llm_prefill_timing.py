@@ -140,9 +140,10 @@ def main():
                 print(f"{kind} mixer, one layer: {ms:.2f} ms x {len(layers)} layers = {ms * len(layers):.1f} ms")
             except Exception as exc:  # the probe's guess of a signature may be off: say so, go on
                 print(f"{kind} mixer: could not time ({type(exc).__name__}: {exc})")
-        mlp = net.model.layers[0].mlp
-        ms = timed(lambda: mlp(h)) * 1e3
-        print(f"mlp, one layer: {ms:.2f} ms x {len(net.model.layers)} = {ms * len(net.model.layers):.1f} ms")
+        first = net.model.layers[0]
+        ms = timed(lambda: first.mlp(h, False) if first.moe else first.mlp(h)) * 1e3
+        kind = "moe" if first.moe else "mlp"
+        print(f"{kind}, one layer: {ms:.2f} ms x {len(net.model.layers)} = {ms * len(net.model.layers):.1f} ms")
         rule_paths(net, h, st, rows)
         scan_configs(net, h, st, rows)
         from torch.profiler import ProfilerActivity, profile
