@@ -232,3 +232,24 @@ def test_generate_command_errors_are_one_line(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("ostinato: error: ") for line in err)
     assert "no config.json" in err[0] and "--top-p" in err[1] and "context of 1024" in err[2]
+
+
+def test_grouped_experts_equal_the_loop_over_experts(hybrid):
+    """The experts through grouped products (tokens sorted by expert, their rows put back in token
+    order and each token's k rows weighted and summed) equal the loop over experts, expert by expert,
+    with and without renormalised routing weights."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no grouped matmul")
+    moe = next(layer.mlp for layer in hybrid.net.model.layers if layer.moe)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, moe.experts_gate_up.shape[-1], generator=g)
+    configured = moe.normalize
+    try:
+        for normalize in (True, False):
+            moe.normalize = normalize
+            weights, chosen = moe.route(x)
+            assert len(chosen.unique()) > 1
+            torch.testing.assert_close(moe._grouped(x, weights, chosen), moe._per_expert(x, weights, chosen),
+                                       rtol=1e-5, atol=1e-5)
+    finally:
+        moe.normalize = configured
