@@ -9,7 +9,11 @@ CUDA graph capture (graph name, bucket key, seconds: warm-ups included), each Tr
 cache load, and the profile's heaviest functions by cumulative and own time. Run it twice with
 the same ``TRITON_CACHE_DIR`` to see the cache-warm case. ``--clips``: instead of the synthetic clip,
 bench/whisper_e2e.py's audio (the clips and a long recording made of them); ``--defaults``: the
-default options (beam 5, temperature fallback) instead of greedy.
+default options (beam 5, temperature fallback) instead of greedy. Also prints where the captures'
+time went (warm-ups, capture begin/end, the device loop's assembly, synchronizations, cache
+emptying, garbage collection), each timed on the wall clock outside cProfile's accounting;
+``--torch-capture`` captures inside ``torch.cuda.graph`` instead of ``runtime.graphs.capturing``
+(what it synchronizes and empties before each capture, for an A/B in two processes).
 """
 from __future__ import annotations
 
@@ -24,6 +28,35 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def time_phases(torch, graphs) -> dict:
+    """Wrap the calls a capture spends its time in with wall-clock totals (the first call's: they are
+    frozen when the first call ends, see ``main``)."""
+    import gc
+
+    from ostinato.runtime import device_loop
+
+    totals = {}
+    targets = [(graphs.StepGraph, "_warm_up"), (device_loop.DeviceLoop, "assemble"),
+               (torch.cuda.CUDAGraph, "capture_begin"), (torch.cuda.CUDAGraph, "capture_end"),
+               (torch.cuda, "synchronize"), (torch.cuda, "empty_cache"), (gc, "collect")]
+    for owner, name in targets:
+        original = getattr(owner, name)
+        label = f"{getattr(owner, '__name__', owner)}.{name}"
+        totals[label] = [0, 0.0]
+
+        def timed(*a, _original=original, _label=label, **k):
+            begin = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                if totals.get("frozen") is None:
+                    totals[_label][0] += 1
+                    totals[_label][1] += time.perf_counter() - begin
+
+        setattr(owner, name, timed)
+    return totals
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
@@ -35,6 +68,7 @@ def main() -> None:
     parser.add_argument("--clips", default=None, help="bench/whisper_e2e.py's audio from these clips")
     parser.add_argument("--long-seconds", type=float, default=377.0)
     parser.add_argument("--defaults", action="store_true", help="beam 5 with the fallback, not greedy")
+    parser.add_argument("--torch-capture", action="store_true", help="capture inside torch.cuda.graph")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -55,6 +89,16 @@ def main() -> None:
         captures.append((self.name, repr(key), time.perf_counter() - begin))
 
     graphs.StepGraph.capture = timed_capture
+    phases = time_phases(torch, graphs)
+    if args.torch_capture:
+        import contextlib
+
+        @contextlib.contextmanager
+        def torch_capturing(graph, pool, device):
+            with torch.cuda.graph(graph, pool=pool):
+                yield
+
+        graphs.capturing = torch_capturing
 
     compiles = []
     try:
@@ -119,6 +163,7 @@ def main() -> None:
     transcribe()
     profiler.disable()
     t_first = time.perf_counter() - begin
+    phases["frozen"] = True
     first_captures, first_compiles = len(captures), len(compiles)
     begin = time.perf_counter()
     transcribe()
@@ -139,6 +184,9 @@ def main() -> None:
         print(f"  {name}: {count} captures, {seconds:.3f} s")
     for name, key, seconds in captures[:first_captures][:30]:
         print(f"    {seconds * 1e3:7.1f} ms  {name} {key}")
+    print("\nwall time inside these calls, first call (count, seconds):")
+    for name, (count, seconds) in ((n, v) for n, v in phases.items() if n != "frozen"):
+        print(f"  {name}: {count}, {seconds:.3f}")
     print(f"\n{first_compiles} Triton compiles/cache loads in the first call, {sum(c[1] for c in compiles):.2f} s")
     for name, seconds in compiles[:30]:
         print(f"    {seconds * 1e3:7.1f} ms  {name}")

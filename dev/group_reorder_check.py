@@ -7,7 +7,9 @@ Each case reorders views of a bigger cache ([L, rows, H, S, D] sliced to the fir
 first ``filled`` positions, as beam search does) by origins drawn the way beams move: rows that
 keep their own history, rows that take another's, swaps and longer cycles, groups where nothing
 moves. The result must equal ``view.index_select(1, origin)`` bit for bit (NaN payloads included),
-and everything outside the view must be untouched. Ends with ``group reorder == index_select: True``.
+and everything outside the view must be untouched. Each case runs twice: over the whole view, and
+bounded by lengths drawn per row (a group moves the positions below its rows' largest length only,
+as a beam search on the device loop asks). Ends with ``group reorder == index_select: True``.
 """
 import sys
 
@@ -52,7 +54,8 @@ def main() -> int:
     if on_gpu:  # large-v3 at 16 windows of 5 beams, tiny.en at 5 beams
         cases += [(32, 80, 80, 20, 448, 128, 64, 5, torch.float16, 2), (4, 5, 16, 6, 448, 256, 64, 5, torch.float16, 2)]
     ok_all = True
-    for layers, rows, alloc, heads, ctx, filled, dim, group, dtype, count in cases:
+    for (layers, rows, alloc, heads, ctx, filled, dim, group, dtype, count), bounded in (
+            (case, bounded) for case in cases for bounded in (False, True)):
         bufs = [torch.randn(layers, alloc, heads, ctx, dim, generator=gen).to(dtype).to(device) for _ in range(count)]
         for buf in bufs:
             buf.view(-1)[:: 7] = float("nan")  # garbage the copy must move unchanged
@@ -60,7 +63,15 @@ def main() -> int:
         origin = origins(rows, group, gen).to(device)
         views = [buf[:, :rows, :, :filled] for buf in bufs]
         want = [v.index_select(1, origin) for v in views]
-        group_reorder.reorder_in_groups(views, origin, group)
+        lengths = None
+        if bounded:  # per row 0 .. filled + 3 (past the view too); a group moves up to its largest
+            lengths = torch.randint(0, filled + 4, (rows,), generator=gen)
+            group_max = lengths.view(-1, group).amax(1).repeat_interleave(group).clamp(max=filled)
+            keep = torch.arange(filled)[None, :] >= group_max[:, None]  # [rows, filled]: left as it was
+            keep = keep[None, :, None, :, None].to(device)
+            want = [torch.where(keep, v, w) for v, w in zip(views, want)]
+            lengths = lengths.to(device)
+        group_reorder.reorder_in_groups(views, origin, group, lengths)
         ok = True
         for buf, old, view, w in zip(bufs, before, views, want):
             ok &= torch.equal(bits(view), bits(w))
@@ -69,7 +80,7 @@ def main() -> int:
             ok &= torch.equal(bits(buf), bits(rest))
         moved = int((origin != torch.arange(rows, device=device)).sum())
         print(f"L={layers} R={rows}/{alloc} H={heads} S={filled}/{ctx} D={dim} group={group} {str(dtype)[6:]} "
-              f"tensors={count} moved rows={moved}: {'ok' if ok else 'FAIL'}")
+              f"tensors={count} moved rows={moved}{' bounded' if bounded else ''}: {'ok' if ok else 'FAIL'}")
         ok_all &= ok
     print(f"group reorder == index_select: {ok_all}")
     return 0 if ok_all else 1

@@ -44,6 +44,11 @@ def test_capture_replay_matches_eager():
     torch.testing.assert_close(acc[:4], expected)
     torch.testing.assert_close(out, expected.sum(-1))
     assert acc[4:].abs().sum().item() == 0
+    graph.capture(2, x=x0[:2])  # a later bucket: its one warm-up run does the new shape's first run
+    assert calls["n"] == 4 + 1 + 1
+    acc.zero_()
+    x = torch.randn(2, 16, device=device)
+    torch.testing.assert_close(graph(2, x=x), torch.tanh(x @ weight).sum(-1))
 
 
 def test_buckets_share_one_pool_and_state():

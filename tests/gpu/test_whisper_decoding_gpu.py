@@ -8,6 +8,7 @@ import json
 import pytest
 
 from ostinato import WhisperModel
+from ostinato.runtime import device_loop
 
 from test_whisper_gpu import RANDOM_CKPT, clip_samples, noise
 
@@ -33,6 +34,26 @@ def test_random_model_beam_graph_equals_eager(data_dir, dtype, timestamps):
         assert tokens_of(graph, noise(seconds, seed), **opts) == tokens_of(eager, noise(seconds, seed), **opts)
     keys = graph.decoder.beam.graph.captured_keys()
     assert keys and all(graph.decoder.beam.graph.mode(k) == "graph" for k in keys)
+
+
+def test_beam_search_runs_on_the_device_loop_and_batches_as_one_by_one(data_dir):
+    """Where the device loop exists, beam search runs on it: one graph for every cache length (the
+    reorder bounded on the device), launched until a window finishes. Audios batched (windows of
+    different lengths finishing at different steps, their beams refilled by the next windows) get
+    the tokens each gets alone on the eager path."""
+    path = str(data_dir / RANDOM_CKPT)
+    eager = WhisperModel(path, device="cuda", compute_type="float16", use_graphs=False)
+    graph = WhisperModel(path, device="cuda", compute_type="float16")
+    audios = [noise(s, seed=60 + i) for i, s in enumerate((41.0, 3.0, 12.5, 67.0, 6.0))]
+    opts = dict(BEAM, max_new_tokens=60, without_timestamps=False)
+    alone = [tokens_of(eager, audio, **opts) for audio in audios]
+    batched = graph.transcribe_batch(audios, batch_size=3, **opts)
+    assert [[s.tokens for s in segments] for segments, _ in batched] == alone
+    assert [tokens_of(graph, audio, **opts) for audio in audios[:2]] == alone[:2]
+    beam_graph = graph.decoder.beam.graph
+    if device_loop.unavailable_reason("cuda") is None:
+        keys = beam_graph.captured_keys()
+        assert len({k.filled for k in keys}) == 1 and all(beam_graph.rung(k) == "device loop" for k in keys)
 
 
 def test_random_model_beam_cpu_equals_gpu_float32(data_dir):

@@ -21,6 +21,7 @@ graph of one step replayed K times, else eager execution; results stay correct.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from dataclasses import dataclass
@@ -97,6 +98,25 @@ def loop_rung(device: torch.device, use_graphs: bool, steps_per_replay: int, gua
     return f"one step per graph replay (device while-loop: {why})"
 
 
+@contextlib.contextmanager
+def capturing(graph: "torch.cuda.CUDAGraph", pool, device: torch.device):
+    """Capture the work queued inside the block into ``graph`` (memory from ``pool``), on a side stream.
+
+    ``torch.cuda.graph`` does the same after synchronizing the device and emptying the allocators'
+    caches (device and pinned host memory; in some releases collecting garbage too): blocks that the
+    next calls allocate again, at each of a first call's captures. Capture records work and runs
+    none, so the block only has to come after the work queued so far, as a stream dependency."""
+    stream = side_stream(device, "graph capture")
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            yield
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
 @dataclass
 class _Captured:
     graph: Any  # torch.cuda.CUDAGraph, or a device_loop.DeviceLoop
@@ -126,7 +146,7 @@ class StepGraph:
         device: torch.device,
         *,
         use_graphs: bool = True,
-        warmup: int = 3,
+        warmup: int = 1,
         pool: Optional[Any] = None,
         name: str = "step",
         steps_per_replay: int = 1,
@@ -147,6 +167,7 @@ class StepGraph:
         self._captured: Dict[Hashable, _Captured] = {}
         self._eager_buckets: set = set()
         self._running_loop = None  # the device loop launched last, which stop_soon ends
+        self._warmed = False  # the step has run warm-ups for some bucket: lazy setup is done
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -214,7 +235,7 @@ class StepGraph:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with capturing(graph, self._pool, self.device):
             outputs = self._run(key, static, unrolled)
         torch.cuda.synchronize(self.device)
         return graph, outputs
@@ -226,10 +247,10 @@ class StepGraph:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         head = torch.cuda.CUDAGraph(keep_graph=True)
-        with torch.cuda.graph(head, pool=self._pool):
+        with capturing(head, self._pool, self.device):
             loop.gate(self.loop_guard(key, True), entering=True)
         body = torch.cuda.CUDAGraph(keep_graph=True)
-        with torch.cuda.graph(body, pool=self._pool):
+        with capturing(body, self._pool, self.device):
             outputs = self._run(key, static, unrolled)
             loop.gate(self.loop_guard(key, False), entering=False)
         loop.assemble(head, body)
@@ -252,7 +273,10 @@ class StepGraph:
         )
 
     def _warm_up(self, key: Hashable, static: Dict[str, torch.Tensor], guarded: bool = False) -> None:
-        """Run the step on a side stream; a host sync in it raises here, before any capture begins."""
+        """Run the step on a side stream; a host sync in it raises here, before any capture begins.
+        ``warmup`` runs for the first bucket, one for each later one: the first run at a new shape
+        does what a capture must not (kernel compiles and loads, library handles, allocations); more
+        runs only lengthen a first call (one run of large-v3's beam step is tens of ms of Python)."""
         side = side_stream(self.device, "graph warm-up")  # one for every capture (see side_stream)
         side.wait_stream(torch.cuda.current_stream(self.device))
         previous = torch.cuda.get_sync_debug_mode()
@@ -261,11 +285,12 @@ class StepGraph:
             torch.cuda.set_sync_debug_mode("error")
         try:
             with torch.cuda.stream(side):
-                for _ in range(self.warmup):
+                for _ in range(1 if self._warmed else self.warmup):
                     self.step(key, **static)
                     if guarded:
                         self.loop_guard(key, True)
                         self.loop_guard(key, False)
+            self._warmed = True
         finally:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)

@@ -20,11 +20,13 @@ beams each (rows ``w * K + k`` of the decoder's state):
 The surviving beams' histories move with them: the self-attention caches, generated tokens and
 rule state are reordered by origin into the same buffers (on CUDA the caches by a kernel that
 rewrites only the rows that move, ``ops.group_reorder``). Only the cache positions written so far
-are moved: the host knows that bound without asking the device (prompt
-lengths plus steps taken), rounds it up to a bucket and replays that bucket's graph. Finished
-hypotheses live in preallocated per-window buffers (only the best one is kept: a call returns one
-hypothesis per window), and the host reads the windows' done flags once per graph replay.
-A ``BeamRun`` admits windows into free beam groups while others are still searching.
+are moved. On the device loop (CUDA, the kernels present) one graph serves every length: it repeats
+K steps until a window finishes, and the reorder kernel reads how far each window has got from the
+rows' positions on the device. On the rungs below, the host knows that bound without asking the
+device (prompt lengths plus steps taken), rounds it up to a bucket and replays that bucket's graph
+of K steps. Finished hypotheses live in preallocated per-window buffers (only the best one is kept:
+a call returns one hypothesis per window), and the host reads the windows' done flags once per
+launch. A ``BeamRun`` admits windows into free beam groups while others are still searching.
 """
 from __future__ import annotations
 
@@ -102,10 +104,15 @@ class BeamSearch:
         st.allocate("has_prefix", (windows,), b)
         st.allocate("window_done", (windows,), b, True)
         st.allocate("length_penalty", (1,), f32, 1.0)
+        st.allocate("finished_at_entry", (1,), i64)  # windows done when the device loop was entered
         self.state = st
+        # The device loop needs the reorder bounded on the device (the host does not know how many
+        # steps a launch ran): one graph, keyed by the full context, then serves every length.
+        self.loops = decoder.decode_loop == "device" and kernels_can_run(decoder.device)
+        loop = dict(loop_guard=self._loop_guard, max_loop_trips=ctx // decoder.steps_per_replay + 2) if self.loops else {}
         self.graph = StepGraph(
             self._step, decoder.device, use_graphs=decoder.graph.use_graphs, name="whisper beam step",
-            steps_per_replay=decoder.steps_per_replay,
+            steps_per_replay=decoder.steps_per_replay, **loop,
         )
 
     def reset(self) -> None:
@@ -117,6 +124,16 @@ class BeamSearch:
         st["window_done"].fill_(True)
 
     # -- the step ------------------------------------------------------------------------------
+    def _loop_guard(self, key: BeamKey, entering: bool) -> Tensor:
+        """Whether the device loop runs K more steps: not once a window has finished since the loop
+        was entered (its result can be collected and its beams refilled), nor when none is searching."""
+        finished = self.state["window_done"][: key.windows].sum()
+        mark = self.state["finished_at_entry"]
+        if entering:
+            mark.copy_(finished)
+            return finished < key.windows
+        return finished == mark
+
     def _step(self, key: BeamKey) -> None:
         W, K, penalize, ngram, filled = key
         dec = self.decoder
@@ -208,8 +225,8 @@ class BeamSearch:
             self._reorder_moved_rows(origin, R, filled, names)
         else:  # graph-safe
             caches = [ds[name][:, :R, :, :filled] for name in ("self_k", "self_v")]
-            if kernels_can_run(device):  # only the rows that move (every layer in one launch)
-                group_reorder.reorder_in_groups(caches, origin, K)
+            if kernels_can_run(device):  # only the rows that move, only the positions written (every layer in one launch)
+                group_reorder.reorder_in_groups(caches, origin, K, ds["position"][:R] + 1)
             else:
                 for cache in caches:
                     cache.copy_(cache.index_select(1, origin))
@@ -306,17 +323,26 @@ class BeamRun(SlotTable):
         self.ngram = int(options.no_repeat_ngram_size)
         self.n_ctx = dec.model.dims.n_text_ctx
         self.batch_prefix = batch_prefix
-        # Every cache bucket's graph before any window is loaded: capture runs on a reset state.
-        for filled in sorted({cache_bucket(f, self.n_ctx) for f in CACHE_BUCKETS + (self.n_ctx,)}, reverse=True):
+        # Every cache bucket's graph before any window is loaded: capture runs on a reset state (on
+        # the device loop one graph serves every length).
+        buckets = (self.n_ctx,) if search.loops else CACHE_BUCKETS + (self.n_ctx,)
+        for filled in sorted({cache_bucket(f, self.n_ctx) for f in buckets}, reverse=True):
             dec.capture_graph(search.graph, self._key(filled))
         dec.reset_rows()
         search.reset()
         dec.set_rules(suppress, suppress_at_begin, options)
         search.state["length_penalty"].fill_(options.length_penalty)
         super().__init__(windows)  # busy slot -> cache positions its rows may have written (host bound)
+        self._launched = None  # an event behind the last advance (CUDA)
 
     def _key(self, filled: int, windows: Optional[int] = None) -> BeamKey:
-        return BeamKey(windows or self.windows, self.K, self.penalize, self.ngram, cache_bucket(filled, self.n_ctx))
+        bucket = self.n_ctx if self.search.loops else cache_bucket(filled, self.n_ctx)
+        return BeamKey(windows or self.windows, self.K, self.penalize, self.ngram, bucket)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the last advance has finished on the device (``collect`` would not wait)."""
+        return self._launched is None or self._launched.query()
 
     def admit(self, jobs: Sequence[WindowJob]) -> List[int]:
         """Load windows into free beam groups; returns their slots.
@@ -354,14 +380,19 @@ class BeamRun(SlotTable):
         return slots
 
     def advance(self, refill: bool = True) -> None:
-        """``steps_per_replay`` beam steps (``refill``: the scheduler's hint, not needed here)."""
+        """Beam steps: on the device loop until a window finishes, else ``steps_per_replay`` of them
+        (``refill``: the scheduler's hint, not needed here)."""
         K = self.decoder.steps_per_replay
         filled = max(self.values()) + K  # a bound on the positions written by the end of this replay
         # Without graphs only the windows up to the last busy one step (GreedyRun.advance says why)
         windows = None if self.search.graph.use_graphs else self.extent()
         self.search.graph(self._key(filled, windows))
-        for slot in self.slots():
-            self[slot] += K
+        if self.decoder.device.type == "cuda":
+            self._launched = torch.cuda.Event()
+            self._launched.record(torch.cuda.current_stream(self.decoder.device))
+        if not self.search.loops:  # (the loop's launches run an unknown number of steps)
+            for slot in self.slots():
+                self[slot] += K
 
     def evict(self, slot: int) -> None:
         """Stop a window before it finished (its request was cancelled): its beams are free at once."""
@@ -371,7 +402,8 @@ class BeamRun(SlotTable):
 
     def collect(self) -> Dict[int, WindowResult]:
         bs = self.search.state
-        done = bs["window_done"][: self.windows].tolist()  # the one host sync per replay
+        self._launched = None
+        done = bs["window_done"][: self.windows].tolist()  # the one host sync per launch
         finished = [slot for slot in self.slots() if done[slot]]
         if not finished:
             return {}
