@@ -20,7 +20,7 @@ import torch
 
 import ostinato
 from ostinato.errors import InvalidOptionError
-from ostinato.models.whisper.decoding import WindowDecoder, WindowRequest
+from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, WindowRequest
 from ostinato.runtime import duplicated_parameters
 
 DATA = Path(__file__).parent / "data"
@@ -270,6 +270,17 @@ def test_window_decoder_rows_are_independent(model):
         expected, _ = naive_greedy(model.model, prompt, audio[row], budget, tok.eot)
         assert result.tokens == [t for t in expected if t != tok.eot], f"row {row}"
         assert len(result.tokens) <= budget
+
+
+def test_suppression_masks_follow_each_call_s_tokens(model):
+    """A mask is rewritten only when a run asks for other tokens; whatever the order of calls, each
+    holds exactly the tokens its run asked for."""
+    decoder = WindowDecoder(model.model, model.tokenizer, model.device, use_graphs=False)
+    first, second = [5, 9, 300], [7]
+    for suppress, at_begin in ((first, second), (first, second), (second, []), (first, second)):
+        decoder.set_rules(suppress, at_begin, SearchOptions())
+        for name, ids in (("suppress", suppress), ("suppress_at_begin", at_begin)):
+            assert decoder.state[name].nonzero().flatten().tolist() == sorted(ids), name
 
 
 def test_prefill_equals_step_by_step(model):

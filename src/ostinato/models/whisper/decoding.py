@@ -173,6 +173,7 @@ class WindowDecoder:
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
         self._snapshot_buffers = None  # pinned host copies of the rows collect reads (CUDA)
+        self._masks: Dict[str, Tuple[int, ...]] = {}  # the token ids each suppression mask holds now
         self.seed(0)
 
     @property
@@ -548,10 +549,17 @@ class WindowDecoder:
             buf.index_copy_(1, index, row.expand(-1, len(index), *buf.shape[2:]))
 
     def _set_mask(self, name: str, ids: Sequence[int]) -> None:
+        """Write the mask of ``ids`` unless it holds them already: calls nearly always suppress the same
+        tokens, and building and uploading a vocabulary-sized mask (from pageable memory: a copy that
+        waits for the device) cost a tiny.en decode call of 16 windows 2.4 ms of its 25 (H100)."""
+        key = tuple(sorted(set(int(i) for i in ids)))
+        if self._masks.get(name) == key:
+            return
         mask = torch.zeros(self.model.dims.n_vocab, dtype=torch.bool)
-        if len(ids):
-            mask[torch.tensor(list(ids), dtype=torch.long)] = True
+        if key:
+            mask[torch.tensor(key, dtype=torch.long)] = True
         self.state[name].copy_(mask)
+        self._masks[name] = key
 
     def _write_cross(self, key: CrossKey, features: Tensor, index: Tensor) -> None:
         """Project one window's cross-attention K/V ([1, n_audio_ctx, d] features) into slot ``index``."""
