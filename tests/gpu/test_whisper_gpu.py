@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from ostinato import WhisperModel
-from ostinato.models.whisper.decoding import CrossKey, GreedyKey, PrefillKey
+from ostinato.models.whisper.decoding import (
+    LONG_HEAD_TOKENS, PER_WINDOW, PREFILL_GRAPH_TOKENS, CrossKey, GreedyKey, PrefillKey,
+)
 from ostinato.runtime import device_loop, duplicated_parameters
 
 pytestmark = pytest.mark.gpu
@@ -68,7 +70,42 @@ def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
         assert tokens_of(graph, audio, **long_prompt) == tokens_of(eager, audio, **long_prompt)
     decoder = graph.decoder
     assert decoder._cross_graph.captured_keys() == [CrossKey()]
-    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 1, 0)]  # the long prompt's head: eager
+    # the long prompt's head ran eagerly: this checkpoint's heads are too small for the fused operators,
+    # which padding long heads to one graph needs (test_long_heads_of_every_length_replay_one_prefill_graph)
+    assert decoder._prefill_graph.captured_keys() == [PrefillKey(1, 1, 0)]
+
+
+@pytest.fixture(scope="module")
+def random_tiny_checkpoint(tmp_path_factory):
+    """Random weights in tiny's shapes (the fused operators' head size), as an OpenAI .pt."""
+    from ostinato.testing.random_models import random_whisper_checkpoint
+
+    dims, state = random_whisper_checkpoint("tiny", dtype=torch.float16)
+    path = tmp_path_factory.mktemp("random_tiny") / "tiny.pt"
+    torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
+    return str(path)
+
+
+def test_long_heads_of_every_length_replay_one_prefill_graph(random_tiny_checkpoint):
+    """Windows whose prompt is the previous text (a long recording's every later window, an initial
+    prompt) have heads of many lengths: padded, they replay one graph per number of windows admitted
+    together, with the eager model's tokens (heads at their own length), one audio at a time and
+    batched."""
+    path = random_tiny_checkpoint
+    eager = WhisperModel(path, device="cuda", compute_type="float16", use_graphs=False)
+    graph = WhisperModel(path, device="cuda", compute_type="float16")
+    audios = [noise(s, seed=70 + i) for i, s in enumerate((95.0, 64.0, 12.0, 150.0))]
+    opts = dict(beam_size=1, temperature=0.0, max_new_tokens=30)  # previous text as prompt (the default)
+    prompts = (None, " one two three four five six seven eight nine ten eleven twelve thirteen")
+    for prompt in prompts:
+        want = [tokens_of(eager, audio, initial_prompt=prompt, max_new_tokens=30) for audio in audios]
+        assert [tokens_of(graph, audio, initial_prompt=prompt, max_new_tokens=30) for audio in audios] == want
+        batched = graph.transcribe_batch(audios, batch_size=3, initial_prompt=prompt, **opts)
+        assert [[s.tokens for s in segments] for segments, _ in batched] == want
+    for decoder in (graph.decoder, *graph._batch_decoders.values()):
+        keys = decoder._prefill_graph.captured_keys()
+        long = [k for k in keys if k.tokens > PREFILL_GRAPH_TOKENS]
+        assert long and all(k.tokens == LONG_HEAD_TOKENS and k.logits_at == PER_WINDOW for k in long), keys
 
 
 def test_prefill_graphs_serve_every_row_and_slot(data_dir):

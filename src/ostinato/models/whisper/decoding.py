@@ -29,7 +29,7 @@ and rules.
 from __future__ import annotations
 
 import random
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -63,10 +63,17 @@ from .search import (  # noqa: F401 - re-exported: the decoder's request and res
 from .tokenizer import WhisperTokenizer
 
 
-# Admissions replay graphs for prompt heads up to this many tokens (the start-of-transcript sequence
-# without a previous-text prompt: every window of a server's or a batched run); a longer prompt's
-# length varies window to window and runs eagerly.
+# Admissions replay graphs for prompt heads up to this many tokens, one per length (the
+# start-of-transcript sequence without a previous-text prompt: every window of a server's or a batched
+# run). A longer head (the previous text as prompt: a long recording's every later window) varies in
+# length window to window: where the decoder's operators compute each token alone (fused, half
+# precision), it is padded to LONG_HEAD_TOKENS and replays one graph whatever its length (the pad's
+# cache positions come after the head's, and every step writes its position before it reads it);
+# elsewhere it runs eagerly. Eager calls pad such heads too: attention splits a head's keys by their
+# count, so the same padding gives graph and eager the same bits. A head is at most the previous
+# text's 224 tokens and the sequence.
 PREFILL_GRAPH_TOKENS = 8
+LONG_HEAD_TOKENS = 256
 
 
 class CrossKey(NamedTuple):
@@ -80,7 +87,12 @@ class PrefillKey(NamedTuple):
 
     windows: int
     tokens: int
-    logits_at: int  # the one position whose logits are made: the start of transcript's, when in the head
+    # The one position whose logits are made: the start of transcript's, when in the head; PER_WINDOW:
+    # heads padded to ``tokens``, each window's position an input.
+    logits_at: int
+
+
+PER_WINDOW = -1
 
 
 def prefill_groups(count: int, together: bool) -> List[int]:
@@ -153,6 +165,8 @@ class WindowDecoder:
         # operators compute each row alone (the fused ones); elsewhere a batched matrix product
         # may round a row differently from one alone, so each window keeps its own call.
         self._prefill_together = fused_step_supported(self.device, dtype, dims.n_text_state // dims.n_text_head)
+        # Heads longer than PREFILL_GRAPH_TOKENS pad to LONG_HEAD_TOKENS (one graph for every length).
+        self._pad_long_heads = self._prefill_together and LONG_HEAD_TOKENS <= dims.n_text_ctx
         # One q/k/v product per layer and step instead of three: each step reads the weights from memory
         # (a fused kernel on CUDA, one MKL call on the CPU); the parameters stay views, one copy.
         model.decoder.pack_self_attention()
@@ -569,11 +583,12 @@ class WindowDecoder:
             features, [st["cross_k"][i] for i in layers], [st["cross_v"][i] for i in layers], index
         )
 
-    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor, rows, slots) -> Tensor:
+    def _prefill_head(self, key: PrefillKey, tokens: Tensor, positions: Tensor, rows, slots,
+                      logits_at: Optional[Tensor] = None) -> Tensor:
         """The decoder over prompt heads [W, L] into ``rows``' self-attention caches, each on its
         ``slots`` entry's cross-attention K/V: the float32 logits [W, 1, n_vocab] of position
-        ``key.logits_at`` (the vocabulary product of every position would cost more than the rest of
-        a long prompt's prefill).
+        ``key.logits_at``, or (``PER_WINDOW``) of each window's position in ``logits_at`` [W] (the
+        vocabulary product of every position would cost more than the rest of a long prompt's prefill).
 
         ``rows`` and ``slots`` are ints (one window), or int64 tensors [W] on the device (a graph's
         inputs: one capture serves every row). The heads' keys and values go to a scratch cache of L
@@ -590,7 +605,7 @@ class WindowDecoder:
             cross_k, cross_v, cross_rows = list(st["cross_k"][:, window]), list(st["cross_v"][:, window]), None
         logits = self.model.decoder(
             tokens, positions, list(scratch_k), list(scratch_v), cross_k, cross_v,
-            filled=length, cross_rows=cross_rows, logits_at=key.logits_at,
+            filled=length, cross_rows=cross_rows, logits_at=logits_at if key.logits_at == PER_WINDOW else key.logits_at,
         )
         for name, scratch in (("self_k", scratch_k), ("self_v", scratch_v)):
             cache = st[name][:, :, :, :length]
@@ -600,20 +615,30 @@ class WindowDecoder:
                 cache[:, rows : rows + 1].copy_(scratch)
         return logits
 
-    def _prefill_heads(self, heads: List[List[int]], rows: List[int], slots: List[int], logits_at: int) -> Tensor:
-        """Prompt heads of one length into their rows' caches, in one call: float32 logits [W, n_vocab]
-        of position ``logits_at``."""
-        windows, length = len(heads), len(heads[0])
-        key = PrefillKey(windows, length, logits_at)
+    def _prefill_heads(self, heads: List[List[int]], rows: List[int], slots: List[int],
+                       logits_at: Union[int, List[int]]) -> Tensor:
+        """Prompt heads into their rows' caches, in one call: float32 logits [W, n_vocab] of position
+        ``logits_at`` (heads of one length), or of each head's own position (a list: heads of any
+        length up to LONG_HEAD_TOKENS, padded to it)."""
+        windows = len(heads)
+        padded = isinstance(logits_at, list)
+        length = LONG_HEAD_TOKENS if padded else len(heads[0])
+        key = PrefillKey(windows, length, PER_WINDOW if padded else logits_at)
+        if padded:  # any token will do after a head: its positions are written again before they are read
+            heads = [list(head) + [self.tokenizer.eot] * (length - len(head)) for head in heads]
         tokens = host_values_to_device(heads, self.device)
         positions = torch.arange(length, device=self.device).repeat(windows, 1)
-        graphed = length <= PREFILL_GRAPH_TOKENS and self._prefill_graph.use_graphs
+        at = host_values_to_device(logits_at, self.device) if padded else None
+        graphed = (length <= PREFILL_GRAPH_TOKENS or padded) and self._prefill_graph.use_graphs
         if windows == 1 and not graphed:  # eager: views of the row and slot, no index tensor to upload
-            logits = self._prefill_head(key, tokens, positions, rows[0], slots[0])
+            logits = self._prefill_head(key, tokens, positions, rows[0], slots[0], at)
         else:
             where = host_values_to_device(rows + slots, self.device)  # inputs: one capture serves every row
             run = self._prefill_graph if graphed else self._prefill_head
-            logits = run(key, tokens=tokens, positions=positions, rows=where[:windows], slots=where[windows:])
+            inputs = dict(tokens=tokens, positions=positions, rows=where[:windows], slots=where[windows:])
+            if padded:
+                inputs["logits_at"] = at
+            logits = run(key, **inputs)
         return logits[:, 0]
 
     # A row's loop state as admission sets it: (buffer, value of the row's plan and request).
@@ -677,13 +702,17 @@ class WindowDecoder:
         alike: Dict[Tuple[int, int], List[int]] = {}
         for i, plan in enumerate(plans):
             if plan.head:
-                alike.setdefault((len(plan.head), min(plan.sot_index, len(plan.head) - 1)), []).append(i)
+                n = len(plan.head)
+                padded = self._pad_long_heads and PREFILL_GRAPH_TOKENS < n <= LONG_HEAD_TOKENS
+                alike.setdefault((LONG_HEAD_TOKENS, PER_WINDOW) if padded else (n, min(plan.sot_index, n - 1)),
+                                 []).append(i)
         no_speech: Dict[int, Tensor] = {}
         for (_, logits_at), members in alike.items():
             for size in prefill_groups(len(members), self._prefill_together):
                 group, members = members[:size], members[size:]
+                at = [min(plans[i].sot_index, len(plans[i].head) - 1) for i in group]
                 logits = self._prefill_heads([plans[i].head for i in group], [rows[i] for i in group],
-                                             [slots[i] for i in group], logits_at)
+                                             [slots[i] for i in group], at if logits_at == PER_WINDOW else logits_at)
                 for i, row_logits in zip(group, logits):  # read now: a graph's output is overwritten by its next replay
                     no_speech[i] = torch.softmax(row_logits, dim=-1)[tok.no_speech]  # the logits at sot_index
         self._set_rows(rows, requests, plans, no_speech)

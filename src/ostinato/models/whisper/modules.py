@@ -13,7 +13,7 @@ Float32 and the CPU keep plain PyTorch, so float32 results are the same on every
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -308,7 +308,7 @@ class TextDecoder(nn.Module):
         filled: Optional[int] = None,
         cross_group: int = 1,
         cross_rows: Optional[Tensor] = None,
-        logits_at: Optional[int] = None,
+        logits_at: Union[int, Tensor, None] = None,
     ) -> Tensor:
         """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab].
 
@@ -319,7 +319,8 @@ class TextDecoder(nn.Module):
         cross-attention caches (a window's beams: ``cross_k``/``cross_v`` are [B / group, H, S, D]),
         read once per group. ``cross_rows``: an integer tensor [B / cross_group] on the device naming
         the cross-attention row each group reads (a graph's input: one capture serves every slot);
-        None: group g reads row g. ``logits_at``: the logits of that position only ([B, 1, n_vocab]).
+        None: group g reads row g. ``logits_at``: the logits of that position only ([B, 1, n_vocab]); an
+        integer tensor [B] on the device names each row's own position.
 
         In half precision on CUDA the fused operators run it (several tokens per row, a prompt's
         prefill, as rows of their own); a row's result then does not depend on the other rows.
@@ -338,7 +339,7 @@ class TextDecoder(nn.Module):
                 x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], cross_group * t,
                                        cross_rows, self_rows, write_index)
             if logits_at is not None and t > 1:
-                x = x.view(b, t, -1)[:, logits_at].contiguous()
+                x = _at_positions(x.view(b, t, -1), logits_at)[:, 0].contiguous()
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
             logits = skinny.linear(x, self.token_embedding.weight).float()
             return logits.view(b, -1, logits.shape[-1])
@@ -352,7 +353,7 @@ class TextDecoder(nn.Module):
                 ck, cv = ck.index_select(0, cross_rows), cv.index_select(0, cross_rows)
             x = block.decode(x, self_k[i], self_v[i], write_index, self_mask, ck, cv, cross_group, keys)
         if logits_at is not None:
-            x = x[:, logits_at : logits_at + 1]
+            x = _at_positions(x, logits_at)
         x = self.ln(x)
         # x @ weight.T; on the CPU a few rows in the orientation MKL runs fast (see ops.cpu_linear)
         return cpu_linear.linear(x, self.token_embedding.weight).float()
@@ -379,6 +380,13 @@ class TextDecoder(nn.Module):
         x = self.ln(x)
         logits = (x @ self.token_embedding.weight.T).float()
         return logits, torch.stack([found[(layer, head)] for layer, head in heads], dim=1)
+
+
+def _at_positions(x: Tensor, at: Union[int, Tensor]) -> Tensor:
+    """[B, 1, d]: position ``at`` of each row of x [B, T, d] (an int, or a tensor [B] of positions)."""
+    if isinstance(at, Tensor):
+        return x[torch.arange(x.shape[0], device=x.device), at][:, None]
+    return x[:, at : at + 1]
 
 
 class Whisper(nn.Module):
