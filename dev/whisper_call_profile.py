@@ -6,7 +6,9 @@ For each (size, batch), random float16 weights, end-of-text suppressed so every 
 steps: the steady ms per step (one device-loop launch alone) against one whole ``decode`` call divided
 by the steps (bench/whisper_gpu.py's "per call"), then one call under the profiler: the wall time, the
 GPU's busy time and its idle gaps (when the host held the GPU up), the host ops during the largest gap,
-and cProfile's heaviest Python functions over repeated warm calls (what the host does per call).
+and cProfile's heaviest Python functions over repeated warm calls (what the host does per call). The
+profiler (torch 2.11 on an H100) did not record the kernels inside the device loop's while node: there
+the loop itself shows as one long gap, the host waiting in cudaEventSynchronize.
 ``--beam K``: beam search of K beams instead, on the device loop beside the K-step rung (graphs per
 cache-length bucket): the first call (its captures) and the warm call of each, and the captured keys.
 """
