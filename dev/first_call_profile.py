@@ -28,14 +28,15 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def time_phases(torch, graphs) -> dict:
-    """Wrap the calls a capture spends its time in with wall-clock totals (the first call's: they are
-    frozen when the first call ends, see ``main``)."""
+def time_phases(torch, graphs):
+    """Wrap the calls a capture spends its time in with wall-clock totals: (totals, stop), where
+    ``stop()`` ends the counting (``main`` calls it when the first call ends)."""
     import gc
 
     from ostinato.runtime import device_loop
 
     totals = {}
+    counting = [True]  # emptied by stop()
     targets = [(graphs.StepGraph, "_warm_up"), (device_loop.DeviceLoop, "assemble"),
                (torch.cuda.CUDAGraph, "capture_begin"), (torch.cuda.CUDAGraph, "capture_end"),
                (torch.cuda, "synchronize"), (torch.cuda, "empty_cache"), (gc, "collect")]
@@ -49,12 +50,12 @@ def time_phases(torch, graphs) -> dict:
             try:
                 return _original(*a, **k)
             finally:
-                if totals.get("frozen") is None:
+                if counting:
                     totals[_label][0] += 1
                     totals[_label][1] += time.perf_counter() - begin
 
         setattr(owner, name, timed)
-    return totals
+    return totals, counting.clear
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def main() -> None:
         captures.append((self.name, repr(key), time.perf_counter() - begin))
 
     graphs.StepGraph.capture = timed_capture
-    phases = time_phases(torch, graphs)
+    phases, stop_timing_phases = time_phases(torch, graphs)
     if args.torch_capture:
         import contextlib
 
@@ -163,7 +164,7 @@ def main() -> None:
     transcribe()
     profiler.disable()
     t_first = time.perf_counter() - begin
-    phases["frozen"] = True
+    stop_timing_phases()
     first_captures, first_compiles = len(captures), len(compiles)
     begin = time.perf_counter()
     transcribe()
@@ -185,7 +186,7 @@ def main() -> None:
     for name, key, seconds in captures[:first_captures][:30]:
         print(f"    {seconds * 1e3:7.1f} ms  {name} {key}")
     print("\nwall time inside these calls, first call (count, seconds):")
-    for name, (count, seconds) in ((n, v) for n, v in phases.items() if n != "frozen"):
+    for name, (count, seconds) in phases.items():
         print(f"  {name}: {count}, {seconds:.3f}")
     print(f"\n{first_compiles} Triton compiles/cache loads in the first call, {sum(c[1] for c in compiles):.2f} s")
     for name, seconds in compiles[:30]:

@@ -36,6 +36,23 @@ def busy_intervals(prof) -> list:
     return merged
 
 
+def idle_gaps(busy) -> list:
+    """(gap ms, ms after the first GPU work where it starts) for each idle gap between busy intervals, smallest first."""
+    return sorted(((busy[i + 1][0] - busy[i][1]) / 1e3, (busy[i][1] - busy[0][0]) / 1e3) for i in range(len(busy) - 1))
+
+
+def largest_gap_host_ops(prof, busy) -> tuple:
+    """What the host was doing during the largest GPU idle gap: (gap ms, [(op, ms of it inside the gap)]),
+    the longest first; (0, []) with fewer than two busy intervals."""
+    if len(busy) < 2:
+        return 0.0, []
+    i = max(range(len(busy) - 1), key=lambda k: busy[k + 1][0] - busy[k][1])
+    lo, hi = busy[i][1], busy[i + 1][0]
+    inside = [(e.name, (min(e.time_range.end, hi) - max(e.time_range.start, lo)) / 1e3) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CPU and e.time_range.start < hi and e.time_range.end > lo]
+    return (hi - lo) / 1e3, sorted(inside, key=lambda op: -op[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=128)
@@ -91,20 +108,14 @@ def main() -> None:
         wall = time.perf_counter() - t0
     busy = busy_intervals(prof)
     on = sum(e - s for s, e in busy) / 1e3
-    gaps = sorted(((busy[i + 1][0] - busy[i][1]) / 1e3, (busy[i][1] - busy[0][0]) / 1e3) for i in range(len(busy) - 1))
+    gaps = idle_gaps(busy)
     print(f"profiled transcribe_batch: wall {wall * 1e3:.1f} ms (profiler on), GPU busy {on:.1f} ms, "
           f"first..last GPU work {(busy[-1][1] - busy[0][0]) / 1e3:.1f} ms")
     print("largest GPU idle gaps (ms, at ms after the first GPU work): "
           + ", ".join(f"{g:.1f}@{at:.0f}" for g, at in gaps[::-1][:12]))
-    # what the host was doing during the largest gap: the longest host ops that overlap it
-    if len(busy) > 1:
-        i = max(range(len(busy) - 1), key=lambda k: busy[k + 1][0] - busy[k][1])
-        lo, hi = busy[i][1], busy[i + 1][0]
-        ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
-               and e.time_range.start < hi and e.time_range.end > lo]
-        ops.sort(key=lambda e: -(min(e.time_range.end, hi) - max(e.time_range.start, lo)))
-        print(f"host ops during the largest gap ({(hi - lo) / 1e3:.1f} ms): " + ", ".join(
-            f"{e.name} {(min(e.time_range.end, hi) - max(e.time_range.start, lo)) / 1e3:.1f}" for e in ops[:15]))
+    gap, ops = largest_gap_host_ops(prof, busy)
+    if ops:
+        print(f"host ops during the largest gap ({gap:.1f} ms): " + ", ".join(f"{name} {ms:.1f}" for name, ms in ops[:15]))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 

@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, window_jobs
 from ostinato.testing.random_models import forced_requests, random_whisper, whisper_tokenizer
-from transducer_stages import busy_intervals
+from transducer_stages import busy_intervals, idle_gaps, largest_gap_host_ops
 
 
 def sync() -> None:
@@ -66,18 +66,13 @@ def gap_report(call) -> str:
         wall = (time.perf_counter() - t0) * 1e3
     busy = busy_intervals(prof)
     on = sum(e - s for s, e in busy) / 1e3
-    gaps = sorted(((busy[i + 1][0] - busy[i][1]) / 1e3, (busy[i][1] - busy[0][0]) / 1e3) for i in range(len(busy) - 1))
+    gaps = idle_gaps(busy)
     lines = [f"  profiled call: wall {wall:.2f} ms (profiler on), GPU busy {on:.2f} ms, idle gaps sum "
              f"{sum(g for g, _ in gaps):.2f} ms over {len(gaps)}; largest (ms@ms): "
              + ", ".join(f"{g:.2f}@{at:.1f}" for g, at in gaps[::-1][:10])]
-    if len(busy) > 1:
-        i = max(range(len(busy) - 1), key=lambda k: busy[k + 1][0] - busy[k][1])
-        lo, hi = busy[i][1], busy[i + 1][0]
-        ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
-               and e.time_range.start < hi and e.time_range.end > lo]
-        ops.sort(key=lambda e: -(min(e.time_range.end, hi) - max(e.time_range.start, lo)))
-        lines.append("  host ops in the largest gap: " + ", ".join(
-            f"{e.name} {(min(e.time_range.end, hi) - max(e.time_range.start, lo)) / 1e3:.2f}" for e in ops[:12]))
+    _, ops = largest_gap_host_ops(prof, busy)
+    if ops:
+        lines.append("  host ops in the largest gap: " + ", ".join(f"{name} {ms:.2f}" for name, ms in ops[:12]))
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50)
     lines.append(table)
     return "\n".join(lines)
