@@ -272,6 +272,32 @@ def test_window_decoder_rows_are_independent(model):
         assert len(result.tokens) <= budget
 
 
+def test_a_window_may_end_on_the_context_s_last_position(model):
+    """A long prompt head (225 tokens) leaves 223 steps: the last token lands on position 447, the
+    context's last. The window ends inside a call of 8 steps, whose remaining step still runs the
+    finished row: it must not address position 448 (an IndexError on the CPU; out-of-bounds cache
+    reads and writes on CUDA). With end-of-text suppressed the window runs to the limit; its tokens
+    are the naive decoder's with end-of-text masked."""
+    tok = model.tokenizer
+    n_ctx = model.dims.n_text_ctx
+    decoder = WindowDecoder(model.model, tok, model.device, use_graphs=False, steps_per_replay=8)
+    prompt = [tok.sot_prev, *([tok.encode(" so")[0]] * 223), tok.sot, tok.no_timestamps]
+    budget = n_ctx - (len(prompt) - 1)  # steps from the start token (position 225) to the end
+    assert budget == 223 and budget % 8 != 0  # the window ends before its call's last step
+    audio = encode_audio(model, CLIP)
+    with torch.inference_mode():
+        (result,) = decoder.decode(audio, [WindowRequest(prompt, False, 50, budget)], [tok.eot], [])
+    sequence, expected = list(prompt), []
+    for _ in range(budget):
+        logits = naive_logits(model.model, sequence, audio[0])[-1]
+        logits[tok.eot] = -math.inf
+        expected.append(int(logits.argmax()))
+        sequence.append(expected[-1])
+    assert len(sequence) == n_ctx + 1  # the last token is never fed: no position 448
+    assert result.tokens == expected
+    assert int(decoder.state["position"].max()) == n_ctx - 1
+
+
 def test_suppression_masks_follow_each_call_s_tokens(model):
     """A mask is rewritten only when a run asks for other tokens; whatever the order of calls, each
     holds exactly the tokens its run asked for."""

@@ -108,6 +108,37 @@ def test_long_heads_of_every_length_replay_one_prefill_graph(random_tiny_checkpo
         assert long and all(k.tokens == LONG_HEAD_TOKENS and k.logits_at == PER_WINDOW for k in long), keys
 
 
+def test_windows_ending_on_the_context_s_last_position_stay_in_bounds(random_tiny_checkpoint):
+    """Rows whose window runs to the last position of the text context (a 225-token head, 223 steps,
+    end-of-text suppressed) while other rows go on: the finished rows are stepped on until the loop
+    looks, and must not read or write past the caches (before the fix: an out-of-bounds index assert
+    or an illegal memory access). The device loop (8 steps a trip) gives the eager model's tokens."""
+    from ostinato.models.whisper.decoding import WindowDecoder
+    from ostinato.models.whisper.search import WindowRequest
+
+    model = WhisperModel(random_tiny_checkpoint, device="cuda", compute_type="float16")
+    tok = model.tokenizer
+    n_ctx = model.dims.n_text_ctx
+    long_prompt = [tok.sot_prev, *([tok.encode(" so")[0]] * 223), tok.sot, tok.no_timestamps]
+    requests = [WindowRequest(long_prompt, False, 50, n_ctx - (len(long_prompt) - 1)),
+                WindowRequest([tok.sot, tok.no_timestamps], False, 50, 224),
+                WindowRequest(long_prompt, False, 50, 100)]
+    features = torch.cat([model.encode(model.features(noise(30.0, seed=90 + i))[None, :, :3000]) for i in range(3)])
+    results, decoders = {}, {}
+    for name in ("eager", "graph"):
+        decoder = decoders[name] = WindowDecoder(model.model, tok, model.device, use_graphs=name == "graph",
+                                                 buckets=(4,))
+        with torch.inference_mode():
+            out = decoder.decode(features, requests, [tok.eot], [])
+        torch.cuda.synchronize()
+        results[name] = [r.tokens for r in out]
+        assert int(decoder.state["position"].max()) <= n_ctx - 1
+    assert [len(t) for t in results["graph"]] == [223, 224, 100]
+    assert results["graph"] == results["eager"]
+    looping = device_loop.unavailable_reason("cuda") is None
+    assert decoders["graph"].graph.rung(GreedyKey(4)) == ("device loop" if looping else "K steps per replay")
+
+
 def test_prefill_graphs_serve_every_row_and_slot(data_dir):
     # every window of a batch has the prompt head [sot] (no previous text): rows and slots are the
     # prefill graph's inputs, so one capture per number of windows admitted together (powers of

@@ -440,7 +440,9 @@ class WindowDecoder:
             index = next_token[:, None]
             seen.scatter_(1, index, active[:, None] | seen.gather(1, index))
         n_gen.add_(active.long())
-        st["position"][:rows].add_(active.long())
+        # Never past the context's last position: a window may end on it, and its finished row is
+        # still stepped (the rest of a K-step replay) with its cache position read and written.
+        st["position"][:rows].add_(active.long()).clamp_(max=out.shape[1] - 1)
         token = st["token"][:rows]
         token.copy_(torch.where(active, next_token, token))
 

@@ -314,7 +314,10 @@ if HAVE_TRITON:
             if HAS_SEEN:
                 tl.store(seen_ptr + row * stride_seen + token, tl.full([], 1, tl.uint8))
             tl.store(n_gen_ptr + row, n_gen + 1)
-            tl.store(position_ptr + row, tl.load(position_ptr + row) + 1)
+            # Never past the context's last position (n_cols: out_tokens' width, the text context): a
+            # window whose last token lands there ends, but a finished row is still stepped (feeding
+            # end-of-text into its own dead cache) until the host or the loop looks.
+            tl.store(position_ptr + row, tl.minimum(tl.load(position_ptr + row) + 1, n_cols - 1))
             tl.store(token_ptr + row, token)
             finished = (token == EOT) | (n_gen + 1 >= tl.load(max_new_ptr + row))
             tl.store(done_ptr + row, finished.to(tl.uint8))
