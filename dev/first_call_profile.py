@@ -40,6 +40,12 @@ def time_phases(torch, graphs):
     targets = [(graphs.StepGraph, "_warm_up"), (device_loop.DeviceLoop, "assemble"),
                (torch.cuda.CUDAGraph, "capture_begin"), (torch.cuda.CUDAGraph, "capture_end"),
                (torch.cuda, "synchronize"), (torch.cuda, "empty_cache"), (gc, "collect")]
+    try:  # the driver's instantiation of a device loop (inside assemble)
+        from cuda.bindings import driver
+
+        targets.append((driver, "cuGraphInstantiate"))
+    except ImportError:
+        pass
     for owner, name in targets:
         original = getattr(owner, name)
         label = f"{getattr(owner, '__name__', owner)}.{name}"

@@ -1,5 +1,5 @@
 """runtime.preparation.prepared_in_background: Triton's once-per-process work and CUDA's libraries
-loaded on a helper thread while a model loads.
+loaded on helper threads while a model loads, then the model's own first uses.
 
 Triton and CUDA are not on the CPU machines, so the Triton calls and the library loading are stood in
 for by recorders; the GPU test (tests/gpu/test_whisper_gpu.py) checks the real ones after a model load."""
@@ -67,18 +67,18 @@ def recording_triton(monkeypatch):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(triton_support, "kernels_can_run", lambda device: True)
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(preparation, "load_cuda_libraries", record("libraries"))
+    monkeypatch.setattr(preparation, "load_cuda_libraries", record("libraries", delay=0.2))
     return calls
 
 
 def test_preparation_runs_beside_the_block_and_is_done_when_it_ends(recording_triton):
     calls = recording_triton
     with preparation.prepared_in_background(torch.device("cuda")):
-        assert calls == []  # the 0.2-s hash is still running: the block was not held up
-    names = [name for name, _ in calls]
-    assert names[:1] == ["triton_key"] and {"target", "backend.hash", "options.hash", "cache_key"} <= set(names)
-    assert names[-1] == "libraries"
-    assert {thread for _, thread in calls} == {"ostinato-prepare"}
+        assert calls == []  # the 0.2-s hash and library load are still running: the block was not held up
+    triton = [name for name, thread in calls if thread == "ostinato-prepare-triton"]
+    assert triton[:1] == ["triton_key"] and {"target", "backend.hash", "options.hash", "cache_key"} <= set(triton)
+    # CUDA's libraries on another helper, beside Triton's hashing rather than behind it
+    assert ("libraries", "ostinato-prepare") in calls and len(triton) == len(calls) - 1
     kernel = sys.modules["ostinato._fake_kernels"].kernel
     assert list(kernel.device_caches) == [0]  # its binder was made for the current device
 
@@ -120,3 +120,33 @@ def test_a_hung_preparation_does_not_hold_the_load(recording_triton, monkeypatch
             pass
     release.set()
     assert time.perf_counter() - start < 5 and "still running" in caplog.text
+
+
+def test_work_the_block_adds_runs_on_a_helper_before_the_block_ends(recording_triton, monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    calls = recording_triton
+    seen = []
+
+    def failing(device):
+        raise RuntimeError("no such kernel")
+
+    with caplog.at_level("DEBUG", logger="ostinato"):
+        with preparation.prepared_in_background(torch.device("cuda")) as helper:
+            helper.also(lambda device: seen.append(("first", device, threading.current_thread().name,
+                                                    torch.is_inference_mode_enabled())))
+            helper.also(failing)
+            helper.also(lambda device: seen.append(("after the failure", device, threading.current_thread().name,
+                                                    torch.is_inference_mode_enabled())))
+        # the block's exit waited for all of it, in order, after the libraries
+        assert [s[0] for s in seen] == ["first", "after the failure"]
+    # on a helper of its own, beside Triton's preparation and CUDA's libraries
+    assert {s[1:] for s in seen} == {(torch.device("cuda"), "ostinato-first-uses", True)}
+    assert ("libraries", "ostinato-prepare") in calls and len(calls) > 1  # Triton's calls too
+    assert "no such kernel" in caplog.text
+
+
+def test_added_work_is_dropped_where_there_is_no_helper():
+    ran = []
+    with preparation.prepared_in_background(torch.device("cpu")) as helper:
+        helper.also(ran.append)
+    assert ran == []

@@ -158,8 +158,8 @@ def prepare(device: torch.device) -> None:  # pragma: no cover - needs Triton an
     it hashes its own installation (libtriton, hundreds of MB: 0.35 s of a 1.4-s first tiny.en
     transcription on the H100 machine), asks ptxas for its version, parses each loaded kernel's
     source for its cache key and builds its argument binder. Best effort: whatever fails here
-    happens at the first launch. ``runtime.preparation`` runs it on a helper thread while a model
-    loads, and nothing launches a Triton kernel meanwhile."""
+    happens at the first launch. ``runtime.preparation`` runs it on a helper thread of its own while
+    a model loads, and nothing launches a Triton kernel meanwhile."""
     if not kernels_can_run(device):
         return
     try:

@@ -1,4 +1,4 @@
-"""A model's load, and beside it on a helper thread, the once-per-process work of its first call.
+"""A model's load, and beside it on helper threads, the once-per-process work of its first call.
 
 A first transcription in a fresh process paid, before any of its own work: Triton's preparation
 (see ``ops.triton_support.prepare``) and the first use of each CUDA library PyTorch loads lazily,
@@ -6,14 +6,25 @@ measured on an H200 in processes of their own: cuBLAS 86-112 ms at its first hal
 and 83-119 ms more at its first float32 one, cuDNN 79-124 ms at its first convolution, cuFFT up
 to 73 ms (cold disk cache), PyTorch's embedding kernel 57-72 ms. ``prepared_in_background`` does
 all of it while the block (the checkpoint's read and upload) runs; the block's exit waits for it,
-so nothing else touches Triton or captures a graph meanwhile.
+so nothing else touches Triton or captures a graph meanwhile. A model adds its own first uses once
+it knows its shapes (``Helper.also``): a first tiny.en transcription on an H100 still spent ~0.2 s
+loading PyTorch's kernels for its features and encoder (each kernel family's first launch, 5-45 ms).
+
+Three threads, each its own piece: Triton's preparation (hashing its installation: file reads and
+hashlib, which lets go of the GIL), CUDA's libraries, and the model's work as it is queued. On one
+thread the helper outlasted tiny.en's load (H100: helper 1.2-1.4 s, weights on the device at
+0.8 s), and each piece of model work added its own time to the load: +0.2-0.4 s for the features'
+and encoder's. Apart, the load took 1.07-1.17 s with them and 1.10-1.17 s without, and the first
+transcription of a random tiny 0.2 s less (dev/load_ab.py, three rounds).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
-from typing import Iterator
+import time
+from typing import Callable, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,37 +33,76 @@ from ..ops import triton_support
 
 log = logging.getLogger(__name__)
 
-PREPARE_WAIT_S = 60.0  # the longest a model's load waits for the helper (normally under 1 s)
+PREPARE_WAIT_S = 60.0  # the longest a model's load waits for the helpers (normally under 1 s)
+
+
+class Helper:
+    """The helper threads; ``also(work)`` queues ``work(device)`` on one of its own (no-op
+    where there are no helpers). Best effort: a failure is logged at debug level, as the first call
+    would have paid the same once more."""
+
+    def __init__(self, device: torch.device, start: bool):
+        self.device = device
+        self._work: "queue.Queue[Optional[Callable]]" = queue.Queue()
+        self.threads: List[threading.Thread] = []
+        if start:
+            self.threads = [threading.Thread(target=target, name=name, daemon=True) for target, name in (
+                (self._prepare_triton, "ostinato-prepare-triton"), (self._load_libraries, "ostinato-prepare"),
+                (self._run, "ostinato-first-uses"))]
+            for thread in self.threads:
+                thread.start()
+
+    def also(self, work: Callable[[torch.device], None]) -> None:
+        if self.threads:
+            self._work.put(work)
+
+    def _prepare_triton(self) -> None:
+        triton_support.prepare(self.device)
+
+    def _load_libraries(self) -> None:
+        try:
+            load_cuda_libraries(self.device)
+        except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise
+            log.debug("loading CUDA's libraries in the background failed: %s", exc)
+
+    def _run(self) -> None:
+        while True:
+            work = self._work.get()
+            if work is None:
+                return
+            try:
+                with torch.cuda.device(self.device), torch.inference_mode():
+                    work(self.device)
+                    torch.cuda.synchronize(self.device)
+            except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise
+                log.debug("first-call work %r in the background failed: %s", work, exc)
+
+    def finish(self) -> None:
+        if not self.threads:
+            return
+        self._work.put(None)
+        deadline = time.monotonic() + PREPARE_WAIT_S
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in self.threads):
+            log.warning("the first-call preparation is still running after %.0f s; not waiting for it",
+                        PREPARE_WAIT_S)
 
 
 @contextlib.contextmanager
-def prepared_in_background(device) -> Iterator[None]:
-    """Run the block while a helper thread prepares Triton and loads CUDA's libraries (CUDA only).
+def prepared_in_background(device) -> Iterator[Helper]:
+    """Run the block while helper threads prepare Triton and load CUDA's libraries (CUDA only), then
+    whatever the block queued with ``helper.also``.
 
-    Best effort: what fails on the helper happens at the first call, as it would have. A helper
-    still running after ``PREPARE_WAIT_S`` (a hung ptxas, say) is left behind with a warning.
+    Best effort: what fails on a helper happens at the first call, as it would have. A helper still
+    running after ``PREPARE_WAIT_S`` (a hung ptxas, say) is left behind with a warning.
     """
     device = torch.device(device)
-    thread = None
-    if device.type == "cuda":
-        thread = threading.Thread(target=_prepare, args=(device,), name="ostinato-prepare", daemon=True)
-        thread.start()
+    helper = Helper(device, start=device.type == "cuda")
     try:
-        yield
+        yield helper
     finally:
-        if thread is not None:
-            thread.join(PREPARE_WAIT_S)
-            if thread.is_alive():
-                log.warning("the first-call preparation is still running after %.0f s; not waiting for it",
-                            PREPARE_WAIT_S)
-
-
-def _prepare(device: torch.device) -> None:
-    triton_support.prepare(device)
-    try:
-        load_cuda_libraries(device)
-    except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise
-        log.debug("loading CUDA's libraries in the background failed: %s", exc)
+        helper.finish()
 
 
 @torch.inference_mode()

