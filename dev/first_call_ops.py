@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--steps-per-replay", type=int, default=8)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--warm-repeats", type=int, default=2)
+    parser.add_argument("--cpu-activity-only", action="store_true", help="profile host operations only (no CUPTI)")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (decode_loop='eager')")
     parser.add_argument("--no-first-uses", action="store_true",
                         help="without the model's own first uses on the load's helper (an A/B)")
     args = parser.parse_args()
@@ -98,7 +100,8 @@ def main() -> None:
         path = tempfile.mkdtemp() + f"/{args.size}.pt"
         torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
     begin = time.perf_counter()
-    model = WhisperModel(path, device="cuda", steps_per_replay=args.steps_per_replay)
+    model = WhisperModel(path, device="cuda", steps_per_replay=args.steps_per_replay,
+                         decode_loop="eager" if args.eager else "auto")
     torch.cuda.synchronize()
     t_load = time.perf_counter() - begin
     if args.clips:
@@ -120,7 +123,7 @@ def main() -> None:
         torch.cuda.synchronize()
         return out
 
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    activities = [ProfilerActivity.CPU] + ([] if args.cpu_activity_only else [ProfilerActivity.CUDA])
     with profile(activities=activities):  # the profiler's own first start
         (torch.ones(4, device="cuda") + 1).sum().item()
     calls, pinned_per_call = [], []
