@@ -39,12 +39,9 @@ def synthetic_clips(count: int, low: float, high: float, seed: int = 0):
 
 
 def random_checkpoint_path(size: str, folder: str) -> str:
-    from ostinato.testing.random_models import random_whisper_checkpoint
+    from ostinato.testing.random_models import save_random_whisper_checkpoint
 
-    dims, state = random_whisper_checkpoint(size, dtype=torch.float16)
-    path = os.path.join(folder, f"{size}-random.pt")
-    torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
-    return path
+    return save_random_whisper_checkpoint(size, os.path.join(folder, f"{size}-random.pt"))
 
 
 class TimedTranscriber(Transcriber):

@@ -249,7 +249,7 @@ def main() -> None:
     device_name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     print(f"device: {device_name}; torch {torch.__version__}", flush=True)
     from ostinato import load_model
-    from ostinato.testing.random_models import random_whisper_checkpoint
+    from ostinato.testing.random_models import save_random_whisper_checkpoint
 
     source = speech(args.long_seconds, args.speech)
     rng = np.random.default_rng(0)
@@ -266,10 +266,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = args.model
         if path is None:
-            dims, state = random_whisper_checkpoint(args.size, dtype=torch.float16)
-            path = f"{folder}/{args.size}.pt"
-            torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
-            del state
+            path = save_random_whisper_checkpoint(args.size, f"{folder}/{args.size}.pt")
         print(f"model: {args.model or 'random ' + args.size} ({dtype}); per level {args.short} x 5 s + {args.long} x "
               f"{args.long_seconds:.0f} s; greedy, at most {args.max_new_tokens} tokens per window; "
               f"medians of {args.repeats}", flush=True)

@@ -355,14 +355,9 @@ def agreement(a: Sequence[str], b: Sequence[str]) -> float:
 
 
 def random_checkpoint(size: str, folder: str) -> str:
-    import torch
+    from ostinato.testing.random_models import save_random_whisper_checkpoint
 
-    from ostinato.testing.random_models import random_whisper_checkpoint
-
-    dims, state = random_whisper_checkpoint(size, dtype=torch.float16)
-    path = f"{folder}/{size}.pt"
-    torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
-    return path
+    return save_random_whisper_checkpoint(size, f"{folder}/{size}.pt")
 
 
 def gib(n) -> str:

@@ -120,12 +120,9 @@ def main() -> None:
             path, label = args.model, args.model
             options = {}
         else:
-            from ostinato.testing.random_models import random_whisper_checkpoint
+            from ostinato.testing.random_models import save_random_whisper_checkpoint
 
-            dims, state = random_whisper_checkpoint(args.size, dtype=torch.float16)
-            path = str(Path(folder) / f"{args.size}-random.pt")
-            torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
-            del state
+            path = save_random_whisper_checkpoint(args.size, Path(folder) / f"{args.size}-random.pt")
             label = f"random {args.size}"
             options = dict(temperature=0.0, without_timestamps=True, condition_on_previous_text=False,
                            max_new_tokens=args.max_new_tokens)

@@ -128,11 +128,9 @@ def main() -> None:
 
     path = args.model
     if path is None:
-        from ostinato.testing.random_models import random_whisper_checkpoint
+        from ostinato.testing.random_models import save_random_whisper_checkpoint
 
-        dims, state = random_whisper_checkpoint(args.size, dtype=torch.float16)
-        path = tempfile.mkdtemp() + f"/{args.size}.pt"
-        torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
+        path = save_random_whisper_checkpoint(args.size, tempfile.mkdtemp() + f"/{args.size}.pt")
     begin = time.perf_counter()
     model = WhisperModel(path, device="cuda" if torch.cuda.is_available() else "cpu",
                          steps_per_replay=args.steps_per_replay)

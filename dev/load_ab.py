@@ -65,10 +65,9 @@ def main() -> None:
     if args.model is None:
         args.model = f"/tmp/ostinato-random-{args.size}.pt"
         if not Path(args.model).exists():
-            from ostinato.testing.random_models import random_whisper_checkpoint
+            from ostinato.testing.random_models import save_random_whisper_checkpoint
 
-            dims, state = random_whisper_checkpoint(args.size, dtype=torch.float16)
-            torch.save({"dims": dims.to_dict(), "model_state_dict": state}, args.model)
+            save_random_whisper_checkpoint(args.size, args.model)
     begin = time.perf_counter()
     model = WhisperModel(args.model, device="cuda")
     torch.cuda.synchronize()

@@ -78,12 +78,9 @@ def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
 @pytest.fixture(scope="module")
 def random_tiny_checkpoint(tmp_path_factory):
     """Random weights in tiny's shapes (the fused operators' head size), as an OpenAI .pt."""
-    from ostinato.testing.random_models import random_whisper_checkpoint
+    from ostinato.testing.random_models import save_random_whisper_checkpoint
 
-    dims, state = random_whisper_checkpoint("tiny", dtype=torch.float16)
-    path = tmp_path_factory.mktemp("random_tiny") / "tiny.pt"
-    torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
-    return str(path)
+    return save_random_whisper_checkpoint("tiny", tmp_path_factory.mktemp("random_tiny") / "tiny.pt")
 
 
 def test_long_heads_of_every_length_replay_one_prefill_graph(random_tiny_checkpoint):

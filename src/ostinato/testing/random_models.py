@@ -62,6 +62,15 @@ def random_whisper_checkpoint(
     return dims, state
 
 
+def save_random_whisper_checkpoint(size: Union[str, WhisperDims], path, dtype: torch.dtype = torch.float16) -> str:
+    """``random_whisper_checkpoint(size, dtype=dtype)`` saved at ``path`` as an OpenAI .pt, which
+    ``WhisperModel`` loads like any checkpoint (benchmarks and probes of full-size shapes); returns
+    the path as a string."""
+    dims, state = random_whisper_checkpoint(size, dtype=dtype)
+    torch.save({"dims": dims.to_dict(), "model_state_dict": state}, path)
+    return str(path)
+
+
 def random_mel(dims: WhisperDims, batch: int, seed: int = 0) -> torch.Tensor:
     """[batch, n_mels, 2 * n_audio_ctx] float32 on CPU, in the range of Whisper's log-mel input."""
     g = torch.Generator().manual_seed(seed)
