@@ -7,7 +7,8 @@ Inputs are strided views (rows of wider buffers, some with leading dims), output
 element must be written, and a second call without ``out`` must give identical values (the split-K
 sum is deterministic), and rows computed together (several row blocks, K chunks in groups) equal the
 same rows a few at a time, bit for bit; a language model's decode-step folds (RMSNorm on load,
-SwiGLU, residual add with square sums) against the unfused ops. The interpreter runs small shapes in float32 and float16
+SwiGLU, residual add with square sums) against the unfused ops; on a GPU, products with their weights
+prefetched under PDL equal to those without. The interpreter runs small shapes in float32 and float16
 (bfloat16 and the large-v3 sizes only on a GPU: numpy has no bfloat16, and the interpreter is slow).
 Prints one line
 per case and ends with ``skinny ops == reference: True`` (exit 1 otherwise). SEED=n repeats a run.
@@ -163,6 +164,20 @@ def check_add_layer_norm(m, n, dtype, with_update, mode, device):
     return ok
 
 
+def check_prefetch(m, n, k, dtype, device):
+    """On a GPU with PDL: a Whisper step's products with their weights asked into L2 ahead
+    (``prefetch=True``) give the same bits as without (the hint must change nothing)."""
+    x = strided((m, k), dtype, device)
+    w = (torch.randn(n, k, device=device) / k ** 0.5).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype)
+    residual = strided((m, n), dtype, device)
+    plain = skinny.linear(x, w, bias, residual=residual, gelu=True)
+    fetched = skinny.linear(x, w, bias, residual=residual, gelu=True, prefetch=True)
+    ok = torch.equal(plain, fetched) and not torch.isnan(fetched).any().item()
+    print(f"prefetch M={m} N={n} K={k} {str(dtype)[6:]:8s} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
 def main() -> int:
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     if not on_gpu and not (skinny.HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"):
@@ -203,6 +218,10 @@ def main() -> int:
         for n, m in ((384, 1), (384, 17), (1280, 3), (1280, 17), (77, 1), (77, 3)) + (((1280, 64),) if on_gpu else ()):
             for with_update, mode in ((True, "new"), (True, "poison"), (True, "in-place"), (False, "poison")):
                 ok_all &= check_add_layer_norm(m, n, dtype, with_update, mode, device)
+    if on_gpu:
+        for dtype in dtypes:
+            for m, n, k in ((1, 1152, 384), (16, 1536, 384), (1, 51866, 384), (5, 5120, 1280), (16, 1280, 5120)):
+                ok_all &= check_prefetch(m, n, k, dtype, device)
     for dtype in [d for d in dtypes if d != torch.float32]:  # the decode step's folds: half precision only
         for m, n, k in ((1, 384, 1536), (3, 128, 512)) + (((1, 4096, 4096), (16, 6144, 4096)) if on_gpu else ()):
             ok_all &= check_decode_fusions(m, n, k, dtype, device)

@@ -5,7 +5,9 @@ of it, where Triton's CPU interpreter cannot look:
     Triton folds ``sum + dot(a, b, 0)`` into ``dot(a, b, sum)`` when the product has no other use
     (one tile a chunk, no workspace), and the tensor cores then round differently from adding the
     chunk's partial, so a row's bits would depend on the other rows (150 rows of 1280x1280 did);
-  * the K loop is software-pipelined (asynchronous copies into shared memory) at the plan's depth.
+  * the K loop is software-pipelined (asynchronous copies into shared memory) at the plan's depth;
+  * launched with PDL and asked to prefetch, the linear and the split attention kernel ask L2 for their
+    weight / key lines before they wait on the kernel ahead (``griddepcontrol.wait``).
 
     PYTHONPATH=src python dev/skinny_compile_check.py
 
@@ -30,7 +32,7 @@ POINTERS = ["x_ptr", "w_ptr", "b_ptr", "r_ptr", "o_ptr"]
 DIVISIBLE = POINTERS + ["ws_ptr", "lock_ptr", "N", "K", "sxm", "swn", "srm", "som"]
 
 
-def compile_plan(plan: dict, dtype: str = "fp16", gelu: bool = False):
+def compile_plan(plan: dict, dtype: str = "fp16", gelu: bool = False, **extra):
     signature = {name: f"*{dtype}" for name in POINTERS}
     signature.update(ws_ptr="*fp32", lock_ptr="*i32", M="i32", N="i32", K="i32", sxm="i32", swn="i32",
                      srm="i32", som="i32")
@@ -38,6 +40,7 @@ def compile_plan(plan: dict, dtype: str = "fp16", gelu: bool = False):
                      PROGRAMS_K=plan["programs_k"], BLOCK_M=plan["block_m"], BLOCK_N=skinny.BLOCK_N,
                      BLOCK_K=plan["block_k"], FP32=dtype == "fp32", HAS_BIAS=True, GELU=gelu, HAS_RES=True,
                      PDL=False)
+    constants.update(extra)
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in DIVISIBLE}
@@ -67,6 +70,43 @@ def check(m: int, n: int, k: int, dtype: str = "fp16") -> bool:
     return ok
 
 
+def _prefetch_before_wait(ptx: str) -> bool:
+    lines = ptx.splitlines()
+    fetches = [i for i, line in enumerate(lines) if "prefetch.global.L2" in line]
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    return bool(fetches) and len(waits) == 1 and max(fetches) < waits[0]
+
+
+def check_prefetch() -> bool:
+    """large-v3's fc2 product (1280 x 5120: 14 chunks of 3 tiles) at one row with PDL and weight
+    prefetch, its K loop still pipelined; tiny.en's cross-attention (6 heads x 1500 keys x 64) with its
+    K/V prefetched."""
+    import inspect
+
+    from ostinato.ops import decode_attention
+
+    plan = skinny.linear_plan(1, 1280, 5120, 132)
+    chunk = plan["group"] * plan["tiles"] * plan["block_k"]
+    compiled = compile_plan(plan, PDL=True, PREFETCH_STEP=64, PREFETCH_LINES=triton.next_power_of_2(chunk // 64))
+    linear_ok = _prefetch_before_wait(compiled.asm["ptx"])
+    pipelined = plan["tiles"] > 1 and compiled.asm["ttgir"].count("async_copy_global_to_local") > 0
+    names = list(inspect.signature(decode_attention._split_kernel.fn).parameters)
+    signature = {name: "*fp16" if name.endswith("_ptr") else "i32" for name in names}
+    signature.update(len_ptr="*i32", kvr_ptr="*i64", part_ptr="*fp32", ml_ptr="*fp32", lock_ptr="*i32", qk_scale="fp32")
+    splits, chunk = decode_attention.split_plan(1500, 6, 132)
+    constants = dict(H=6, D=64, BLOCK_N=decode_attention.BLOCK_N, HAS_LEN=False, HAS_NEW=False,
+                     SPLITS=triton.next_power_of_2(splits), NUM_STAGES=decode_attention.NUM_STAGES, PDL=True,
+                     GROUP=1, HAS_ROWS=True, PREFETCH_KEYS=triton.next_power_of_2(chunk))
+    signature.update({name: "constexpr" for name in constants})
+    source = ASTSource(fn=decode_attention._split_kernel, signature=signature, constexprs=constants)
+    attention = triton.compile(source, target=TARGET, options=dict(num_warps=decode_attention.NUM_WARPS))
+    attention_ok = _prefetch_before_wait(attention.asm["ptx"])
+    ok = linear_ok and pipelined and attention_ok
+    print(f"prefetch before the PDL wait: linear {linear_ok} (K loop pipelined {pipelined}), split attention "
+          f"{attention_ok} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
 def main() -> int:
     print(f"triton {triton.__version__}, target sm_{TARGET.arch}")
     ok = True
@@ -77,6 +117,7 @@ def main() -> int:
             ok &= check(m, n, k)
     ok &= check(80, 1280, 1280, "fp32")
     ok &= check(150, 1280, 1280, "bf16")
+    ok &= check_prefetch()
     print(f"skinny kernel compiles as meant: {ok}")
     return 0 if ok else 1
 

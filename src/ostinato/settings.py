@@ -22,6 +22,12 @@ def pdl_disabled() -> bool:
     return _on("OSTINATO_NO_PDL")
 
 
+def prefetch_disabled() -> bool:
+    """OSTINATO_NO_PREFETCH=1: kernels launched with PDL do not ask L2 for their weights and keys before
+    waiting on the kernel ahead (default: they do where the caller asks, e.g. a Whisper decode step)."""
+    return _on("OSTINATO_NO_PREFETCH")
+
+
 def triton_interpreter() -> bool:
     """TRITON_INTERPRET=1 (Triton's own switch): kernels run on the CPU interpreter, for tests."""
     return _on("TRITON_INTERPRET")

@@ -133,3 +133,22 @@ def test_grouped_cuda_graph_replay_equals_eager():
         eager = decode_attention(q, k, v, group=beams)
         torch.cuda.synchronize()
         assert torch.equal(static_out, eager)
+
+
+@pytest.mark.parametrize("rows", [None, [2, 0, 1]])
+def test_prefetched_cross_attention_changes_no_bit(rows):
+    """Cross-attention with its K/V lines asked into L2 before the PDL wait (``prefetch=True``; K/V rows
+    named on the device or not) equals the same call without, eagerly and replayed in a graph."""
+    torch.manual_seed(4)
+    k, v = cache_views(3, 1500, torch.float16)
+    q = torch.randn(3, HEADS, DIM, device="cuda", dtype=torch.float16)
+    kv_rows = torch.tensor(rows, device="cuda") if rows is not None else None
+    plain = decode_attention(q, k, v, kv_rows=kv_rows)
+    assert torch.equal(decode_attention(q, k, v, kv_rows=kv_rows, prefetch=True), plain)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = decode_attention(q, k, v, kv_rows=kv_rows, prefetch=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, plain)

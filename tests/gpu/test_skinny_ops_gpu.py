@@ -174,3 +174,31 @@ def test_cuda_graph_replay_equals_eager(m, dtype):
                    @ fc1_w.double().T + fc1_b.double())
         ref_x = (x0 + u0).double() + h @ fc2_w.double().T + fc2_b.double()
         assert rel_err(static_x, ref_x) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_prefetched_weights_change_no_bit(m):
+    """A chain of products with their weights asked into L2 before the PDL wait (a Whisper step's
+    ``prefetch=True``), captured in a graph as the step is, gives the bits of the chain without it."""
+    torch.manual_seed(3)
+    fc1_w, fc1_b = layer(4 * D, D, torch.float16, True)
+    fc2_w, fc2_b = layer(D, 4 * D, torch.float16, True)
+    voc_w, _ = layer(51866, D, torch.float16, False)
+    x = torch.randn(m, D, device="cuda", dtype=torch.float16)
+
+    def chain(prefetch):
+        h = skinny.linear(x, fc1_w, fc1_b, gelu=True, prefetch=prefetch)
+        y = skinny.linear(h, fc2_w, fc2_b, residual=x, prefetch=prefetch)
+        return skinny.linear(y, voc_w, prefetch=prefetch)
+
+    plain = chain(False)
+    chain(True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = chain(True)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, plain)
+    assert torch.equal(chain(True), plain)

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import torch
 
+from .. import settings
 from .triton_support import (
     HAVE_TRITON, arrival_counters, kernels_can_run, pdl_options, sm_count, tl, triton,
 )
 
 if HAVE_TRITON:
-    from .triton_support import pdl_enter
+    from .triton_support import pdl_enter, prefetch_l2
 
 LOG2E = 1.4426950408889634
 PROGRAMS_PER_SM = 2  # enough resident programs to keep loads in flight on every SM
@@ -79,13 +80,30 @@ def split_plan(seq_len: int, heads_rows: int, n_sm: int, programs_per_sm: int = 
 
 if HAVE_TRITON:
 
+    @triton.jit
+    def _prefetch_split(k_ptr, v_ptr, kvr_ptr, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, H: tl.constexpr,
+                        D: tl.constexpr, GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, KEYS: tl.constexpr):
+        """The K and V lines of this program's keys [split * chunk, +chunk) (KEYS >= chunk, a power of
+        two), found as ``_split_kernel`` finds its row, asked into L2 (``prefetch_l2``)."""
+        bh = tl.program_id(0)
+        kv_b = (bh // GROUP // H).to(tl.int64) if GROUP > 1 else (bh // H).to(tl.int64)
+        h = ((bh // GROUP) % H).to(tl.int64) if GROUP > 1 else (bh % H).to(tl.int64)
+        if HAS_ROWS:
+            kv_b = tl.load(kvr_ptr + kv_b).to(tl.int64)
+        n = tl.program_id(1) * chunk + tl.arange(0, KEYS)
+        lines = tl.arange(0, (D * k_ptr.dtype.element_ty.primitive_bitwidth // 8 + 127) // 128) * (
+            1024 // k_ptr.dtype.element_ty.primitive_bitwidth)
+        ok = ((n < S) & (n < tl.program_id(1) * chunk + chunk))[:, None] & (lines < D)[None, :]
+        prefetch_l2(k_ptr + kv_b * sk_b + h * sk_h + n[:, None] * sk_s + lines[None, :], ok)
+        prefetch_l2(v_ptr + kv_b * sv_b + h * sv_h + n[:, None] * sv_s + lines[None, :], ok)
+
     @triton.jit(do_not_specialize=["S"])
     def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, nk_ptr, nv_ptr, kvr_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr,
                       S, chunk, qk_scale,
                       sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, snk_b, snk_h, snv_b, snv_h, so_b, so_h,
                       H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
                       HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
-                      GROUP: tl.constexpr, HAS_ROWS: tl.constexpr):
+                      GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, PREFETCH_KEYS: tl.constexpr = 0):
         """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
         Splits that start at or past the length (a short self-attention cache) return at once; of
         the others (SPLITS: the plan's count rounded up to a power of 2), each writes (acc, max, sum)
@@ -93,8 +111,13 @@ if HAVE_TRITON:
         normalised output itself (the same bits: the combine would weigh it by exactly 1).
         With HAS_NEW the key/value at length - 1 come from nk/nv, and the chunk holding it stores them
         into the cache (no other program reads that position, so no ordering is needed). With
-        HAS_ROWS the K/V row is read from kvr (indexed by the row's group)."""
+        HAS_ROWS the K/V row is read from kvr (indexed by the row's group). PREFETCH_KEYS (with PDL,
+        no length, no new key: cross-attention, whose K/V and kvr the kernel ahead never writes): the
+        split's K/V lines are asked into L2 before waiting on that kernel."""
         if PDL:
+            if PREFETCH_KEYS > 0:
+                _prefetch_split(k_ptr, v_ptr, kvr_ptr, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                                H, D, GROUP, HAS_ROWS, PREFETCH_KEYS)
             pdl_enter()
         bh = tl.program_id(0)
         split = tl.program_id(1)
@@ -294,7 +317,7 @@ if HAVE_TRITON:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None, *,
                      scale: float | None = None, out: torch.Tensor | None = None,
                      new_k: torch.Tensor | None = None, new_v: torch.Tensor | None = None,
-                     group: int = 1, kv_rows: torch.Tensor | None = None) -> torch.Tensor:
+                     group: int = 1, kv_rows: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
     """softmax(q k^T * scale) v per (row, head) over each row's first ``lengths[b]`` keys.
 
     q [B, H, D]; k, v [B, H, S, D] with any strides but a contiguous last dimension (views of a
@@ -352,6 +375,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     # batch size (batched transcription must equal one audio at a time).
     splits, chunk = split_plan(seq, heads, _sm_count(q.device))
     part, ml, locks = _split_workspace(out, bsz * heads, splits, bsz * heads)
+    launch = pdl_options(q.device, bsz)
+    if prefetch and launch["PDL"] and lengths is None and not has_new and not settings.prefetch_disabled():
+        launch["PREFETCH_KEYS"] = triton.next_power_of_2(chunk)
     _split_kernel[(bsz * heads, splits)](
         q, k, v, lengths if lengths is not None else q, new_k, new_v, kv_rows if kv_rows is not None else q,
         out, part, ml, locks, seq, chunk, scale * LOG2E,
@@ -359,7 +385,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), out.stride(0), out.stride(1),
         H=heads, D=dim, BLOCK_N=BLOCK_N, HAS_LEN=lengths is not None, HAS_NEW=has_new,
         SPLITS=triton.next_power_of_2(splits), NUM_STAGES=NUM_STAGES, GROUP=group, HAS_ROWS=kv_rows is not None,
-        num_warps=NUM_WARPS, **pdl_options(q.device, bsz))
+        num_warps=NUM_WARPS, **launch)
     return out
 
 

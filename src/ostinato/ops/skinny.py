@@ -33,12 +33,13 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import settings
 from .triton_support import (
     HAVE_TRITON, arrival_counters, kernels_can_run, pdl_options, sm_count, tl, triton,
 )
 
 if HAVE_TRITON:
-    from .triton_support import pdl_enter
+    from .triton_support import pdl_enter, prefetch_l2
 
 PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in flight
 BLOCK_N = 64  # weight rows per program
@@ -147,6 +148,19 @@ if HAVE_TRITON:
             tl.store(sso_ptr + rows * ss_stride + ss_col, tl.sum(yf * yf, axis=1, keep_dims=True), mask=rows < M)
 
     @triton.jit
+    def _prefetch_weights(w_ptr, swn, N, K, pid_n, k_start, k_len, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+                          LINES: tl.constexpr):
+        """Ask L2 for the 128-byte lines of weight rows [pid_n * BLOCK_N, +BLOCK_N), columns [k_start,
+        k_start + k_len): LINES lines of STEP elements a row (a power of two; those past the range or
+        the weight are skipped). Weights never depend on the kernel ahead, so under PDL this runs while
+        that kernel does: a step of many small, latency-bound products then streams its next product's
+        weights from memory meanwhile instead of one product at a time."""
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = k_start + tl.arange(0, LINES) * STEP
+        ok = (cols < N)[:, None] & ((ks < K) & (ks < k_start + k_len))[None, :]
+        prefetch_l2(w_ptr + cols.to(tl.int64)[:, None] * swn + ks[None, :], ok)
+
+    @triton.jit
     def _dot_into(acc, xt, wt, FP32: tl.constexpr):
         """acc + xt @ wt^T on the tensor cores; float32 in IEEE precision (tensor cores would round
         float32 operands to tf32)."""
@@ -200,7 +214,8 @@ if HAVE_TRITON:
                        FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, HAS_RES: tl.constexpr,
                        PDL: tl.constexpr, NORM: tl.constexpr = False, SS_BLOCK: tl.constexpr = 1,
                        ZERO_CENTERED: tl.constexpr = False, SWIGLU: tl.constexpr = False,
-                       SS_OUT: tl.constexpr = False):
+                       SS_OUT: tl.constexpr = False, PREFETCH_STEP: tl.constexpr = 64,
+                       PREFETCH_LINES: tl.constexpr = 0):
         """Program (column block, group of GROUP K chunks, row block): each chunk's partial
         acc[BLOCK_M, BLOCK_N] over TILES BLOCK_K tiles. The sum is ((p0 + p1) + p2) + ... in chunk
         order whoever computes it: the first group's program adds its partials as they finish and
@@ -209,11 +224,16 @@ if HAVE_TRITON:
         has the same compile-time trip count, which the compiler pipelines (and a runtime loop bound
         would not run in the interpreter under numpy 2.4, whose scalars there are 1-element arrays).
         NORM, SWIGLU: the x tiles pass through ``_input_tile`` (the norm's rstd per row from the
-        ss_parts square sums of ss[row]); SS_OUT: the output rows' square sums per column block."""
-        if PDL:
-            pdl_enter()
+        ss_parts square sums of ss[row]); SS_OUT: the output rows' square sums per column block.
+        PREFETCH_LINES (with PDL): the program's weight lines are asked into L2 before it waits on the
+        kernel ahead (``_prefetch_weights``)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
+        if PDL:
+            if PREFETCH_LINES > 0:
+                _prefetch_weights(w_ptr, swn, N, K, pid_n, pid_k * (GROUP * TILES * BLOCK_K),
+                                  GROUP * TILES * BLOCK_K, BLOCK_N, PREFETCH_STEP, PREFETCH_LINES)
+            pdl_enter()
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         kk = tl.arange(0, BLOCK_K)
@@ -420,7 +440,7 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, gelu: bool = False, out: torch.Tensor | None = None,
            pdl: bool = True, norm: tuple | None = None, swiglu: bool = False, square_sums: bool = False,
-           one_wave: bool = False):
+           one_wave: bool = False, prefetch: bool = False):
     """gelu?(x @ weight^T + bias) + residual for a few rows, accumulated in float32, one rounding.
 
     x [..., K] (any row strides, contiguous last dimension); weight [N, K] (nn.Linear layout, rows
@@ -437,6 +457,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     the up projection's, and silu(gate) * up is multiplied; ``square_sums=True`` returns (out, the
     output rows' sums of squares per block of ``BLOCK_N`` columns [M, blocks]) for the next norm.
     ``one_wave``: ``linear_plan``'s one-wave split (a different sum order from the default plan).
+    ``prefetch``: where the launch has PDL, each program asks L2 for its weight lines before waiting on
+    the kernel ahead (for chains of small products that wait on latency, not bandwidth: a Whisper
+    step; Qwen3-8B's bandwidth-bound step was slower with it). The result is unchanged.
     """
     k = x.shape[-1] // 2 if swiglu else x.shape[-1]
     n = weight.shape[0]
@@ -474,6 +497,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flags = dict(HAS_BIAS=bias is not None, GELU=gelu, HAS_RES=residual is not None, NORM=norm is not None,
                  SS_BLOCK=triton.next_power_of_2(ss_in.shape[1]) if norm is not None else 1,
                  ZERO_CENTERED=bool(zero_centered), SWIGLU=swiglu, SS_OUT=square_sums)
+    launch = pdl_options(x.device, m) if pdl and fits else {"PDL": False}
+    if prefetch and launch["PDL"] and not settings.prefetch_disabled():
+        line = 128 // weight.element_size()  # elements of a 128-byte line
+        chunk = plan["group"] * plan["tiles"] * plan["block_k"]
+        flags.update(PREFETCH_STEP=line, PREFETCH_LINES=triton.next_power_of_2(-(-chunk // line)))
     _linear_kernel[(plan["n_blocks"], plan["programs_k"], plan["m_blocks"])](
         x2, weight, b, r2, o2, ws, locks, m, n, k, x2.stride(0), weight.stride(0), r2.stride(0), o2.stride(0),
         ss_in if norm is not None else ws, ss_in.shape[1] if norm is not None else 1,
@@ -482,7 +510,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N, BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32,
         num_warps=4, num_stages=plan["stages"], **flags,
         enable_fp_fusion=False,  # the epilogue's multiply-adds round alike in every program's layout
-        **(pdl_options(x.device, m) if pdl and fits else {"PDL": False}))
+        **launch)
     return (o, ss_out) if square_sums else o
 
 

@@ -55,6 +55,21 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
 
     if settings.triton_interpreter() or torch.version.hip:
         @triton.jit
+        def prefetch_l2(ptrs, mask):
+            """No prefetch where there is no inline PTX (the CPU interpreter, ROCm): a hint only."""
+            pass
+    else:
+        @triton.jit
+        def prefetch_l2(ptrs, mask):
+            """Ask L2 for the lines holding ``ptrs`` where ``mask`` (a hint: nothing is loaded into
+            registers, nothing waits on it). Before ``pdl_enter``, for data the kernel ahead does not
+            write: the fetch then overlaps that kernel."""
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+    if settings.triton_interpreter() or torch.version.hip:
+        @triton.jit
         def _tanh_half(y):
             """Where there is no inline PTX (the CPU interpreter, ROCm), the stand-in for NVIDIA's
             tanh.approx.f16x2: tanh of a half-precision argument, rounded to half precision."""
