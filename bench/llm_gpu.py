@@ -7,7 +7,8 @@ compiled decode step, on random bfloat16 weights in released models' shapes.
 Per shape and batch (prompt 512 tokens, 128 new tokens, medians over --repeats): decode ms/token and
 tok/s; the bytes one decode step must read (weights it touches, for MoE the routed experts only in
 expectation, plus the KV cache and recurrent state) over the measured copy bandwidth; prefill tok/s
-against the measured matmul rate; peak memory against weights + state. Peers in the same run:
+against the measured matmul rate (``testing.measure.llm_prefill_flops``: the products a prefill runs,
+the vocabulary's for the last token only); peak memory against weights + state. Peers in the same run:
 transformers' eager `generate` on a model of the same shape, optionally with its static cache under
 torch.compile (--peers hf-compile), and ostinato's own decode step compiled with
 torch.compile(mode="reduce-overhead") on the same weights and the same cache (gpt-fast's recipe).
@@ -27,7 +28,7 @@ sys.path.insert(0, "src")
 
 from ostinato import LanguageModel  # noqa: E402
 from ostinato.runtime import DeviceState, storage_bytes  # noqa: E402
-from ostinato.testing.measure import copy_bandwidth_gbs, matmul_tflops  # noqa: E402
+from ostinato.testing.measure import copy_bandwidth_gbs, llm_prefill_flops, matmul_tflops  # noqa: E402
 from ostinato.testing.random_llms import SHAPES, random_network  # noqa: E402
 
 
@@ -58,19 +59,6 @@ def step_bytes(model: LanguageModel, batch: int, context: int) -> float:
         else:
             total += 2 * batch * context * config.num_kv_heads * config.head_dim * net.lm_head.weight.element_size()
     return total
-
-
-def matmul_flops_per_token(model: LanguageModel) -> float:
-    config = model.config
-    active = 0
-    for name, p in model.net.named_parameters():
-        if name.endswith("embed_tokens.weight") or p.dim() < 2 or "conv1d" in name:
-            continue
-        if ".experts_" in name:
-            active += p.numel() * config.experts_per_token / config.num_experts
-        else:
-            active += p.numel()
-    return 2 * active
 
 
 def bench_ostinato(model: LanguageModel, batch: int, prompt: int, new: int, repeats: int):
@@ -238,9 +226,10 @@ def main() -> None:
             profile(model, args.prompt)
         # prefill rate at a long prompt
         long = [torch.randint(0, model.config.vocab_size, (args.long_prefill,)).tolist()]
-        model.generate(long, max_new_tokens=1)
+        for _ in range(2):  # on a fresh machine one warm call was not enough (2B: 66k tok/s, then 107k)
+            model.generate(long, max_new_tokens=1)
         long_s = statistics.median(timed(lambda: model.generate(long, max_new_tokens=1)) for _ in range(args.repeats))
-        long_rate = matmul_flops_per_token(model) * args.long_prefill / long_s / 1e12
+        long_rate = llm_prefill_flops(model.net, args.long_prefill) / long_s / 1e12
         hf_rows = {}
         if peers & {"hf", "hf-compile"}:
             del model

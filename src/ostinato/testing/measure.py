@@ -117,3 +117,41 @@ def whisper_encoder_flops(dims: WhisperDims, batch: int = 1) -> float:
     convs = d * dims.n_mels * 3 * (2 * n) + d * d * 3 * n
     per_layer = 4 * n * d * d + 2 * n * n * d + 8 * n * d * d
     return 2.0 * batch * (convs + dims.n_audio_layer * per_layer)
+
+
+DELTA_RULE_CHUNK = 64  # the chunked gated delta rule's chunk (models.llm.delta_rule.chunked_delta_rule)
+
+
+def llm_prefill_flops(net, tokens: int) -> float:
+    """FLOPs (2 x multiply-adds) of the matrix products one prompt's prefill of ``tokens`` tokens does,
+    for a decoder-only network (``models.llm.network.DecoderNet``).
+
+    Every layer's projections for every token (a routed expert's share: ``experts_per_token`` of
+    ``num_experts``); the vocabulary projection once, for the last token (prefill makes no other
+    logits); causal attention's score and value products (a query at position p reads p + 1 keys);
+    and each Gated DeltaNet value head's chunked delta rule in chunks of C tokens: per chunk its
+    C x C key products (K K^T and Q K^T), the triangular inverse (C^3 / 3 multiply-adds), the values
+    and keys solved for, the output's in-chunk product, and the state read twice and updated (three
+    C x dk x dv products). Norms, gates, the causal conv, softmax and routing are left out.
+    """
+    config = net.config
+    per_token = 0.0
+    for name, p in net.named_parameters():
+        if p.dim() < 2 or "conv1d" in name or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            continue
+        share = config.experts_per_token / config.num_experts if ".experts_" in name else 1.0
+        per_token += p.numel() * share
+    total = 2.0 * tokens * per_token + 2.0 * net.lm_head.weight.numel()
+    pairs = tokens * (tokens + 1) / 2  # (query, key) pairs under the causal mask
+    c = DELTA_RULE_CHUNK
+    chunks = -(-tokens // c)
+    for layer in net.model.layers:
+        if layer.linear:
+            la = layer.linear_attn
+            dk, dv = la.dk, la.dv
+            per_chunk = 2 * c * c * dk + c ** 3 / 3 + c * c * (dk + dv) + c * c * dv + 3 * c * dk * dv
+            total += 2.0 * la.v_heads * chunks * per_chunk
+        else:
+            attn = layer.self_attn
+            total += 2.0 * 2 * attn.heads * attn.head_dim * pairs
+    return total
