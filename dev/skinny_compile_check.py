@@ -96,7 +96,8 @@ def check_prefetch() -> bool:
     splits, chunk = decode_attention.split_plan(1500, 6, 132)
     constants = dict(H=6, D=64, BLOCK_N=decode_attention.BLOCK_N, HAS_LEN=False, HAS_NEW=False,
                      SPLITS=triton.next_power_of_2(splits), NUM_STAGES=decode_attention.NUM_STAGES, PDL=True,
-                     GROUP=1, HAS_ROWS=True, PREFETCH_KEYS=triton.next_power_of_2(chunk))
+                     GROUP=1, HAS_ROWS=True, PREFETCH_KEYS=triton.next_power_of_2(chunk), PREFETCH_LINE=64,
+                     PREFETCH_ROW_LINES=1)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(fn=decode_attention._split_kernel, signature=signature, constexprs=constants)
     attention = triton.compile(source, target=TARGET, options=dict(num_warps=decode_attention.NUM_WARPS))

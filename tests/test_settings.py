@@ -99,7 +99,7 @@ def test_kernel_check_rules_with_triton_and_a_gpu(monkeypatch):
     """Every rule of the one check, on a CPU-only machine: Triton and CUDA are stood in for."""
     for name in ("OSTINATO_NO_TRITON", "TRITON_INTERPRET"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(triton_support, "HAVE_TRITON", True)
+    monkeypatch.setattr(triton_support, "have_triton", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cuda = torch.device("cuda", 0)
     assert kernels_can_run(cuda) and kernels_can_run("cuda")  # no dtype: the device alone
@@ -127,7 +127,7 @@ def test_kernel_check_rules_with_triton_and_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not kernels_can_run(cuda, torch.float16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(triton_support, "HAVE_TRITON", False)
+    monkeypatch.setattr(triton_support, "have_triton", lambda: False)
     assert not kernels_can_run(cuda, torch.float16)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not kernels_can_run(half, half.dtype, interpreter=True)
@@ -138,7 +138,7 @@ def test_module_conditions_on_top_of_the_check(monkeypatch):
     from ostinato.models.whisper.modules import fused_step_supported
 
     monkeypatch.delenv("OSTINATO_NO_TRITON", raising=False)
-    monkeypatch.setattr(triton_support, "HAVE_TRITON", True)
+    monkeypatch.setattr(triton_support, "have_triton", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cuda = torch.device("cuda", 0)
     assert fused_step_supported(cuda, torch.float16, 64) and fused_step_supported(cuda, torch.bfloat16, 128)

@@ -86,3 +86,21 @@ def test_linear_plan_keeps_the_sum_and_groups_chunks_for_many_rows():
     assert linear_plan(40, 5120, 1280, 132)["block_m"] == 16
     # the vocabulary projection (no split K) keeps the old depth
     assert linear_plan(80, 51866, 1280, 132)["stages"] == 3
+
+
+def test_importing_ostinato_leaves_triton_alone(tmp_path):
+    """``from ostinato import WhisperModel`` (what the CLI and a script do first) does not import
+    Triton (0.3-0.7 s): a stand-in Triton on the path marks each import of it, which a kernel
+    module's import does make."""
+    fake, mark = tmp_path / "triton", tmp_path / "imported"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(f"open({str(mark)!r}, 'a').write('x')\nraise ImportError('stand-in')\n")
+    code = ("import os; import ostinato; from ostinato import WhisperModel, load_model; "
+            f"print('after ostinato:', os.path.exists({str(mark)!r})); "
+            "import ostinato.ops.skinny as s; "
+            f"print('after a kernel module:', os.path.exists({str(mark)!r}), s.HAVE_TRITON)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "after ostinato: False" in out.stdout, out.stdout
+    assert "after a kernel module: True False" in out.stdout, out.stdout

@@ -82,17 +82,18 @@ if HAVE_TRITON:
 
     @triton.jit
     def _prefetch_split(k_ptr, v_ptr, kvr_ptr, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, H: tl.constexpr,
-                        D: tl.constexpr, GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, KEYS: tl.constexpr):
+                        D: tl.constexpr, GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, KEYS: tl.constexpr,
+                        LINE: tl.constexpr, ROW_LINES: tl.constexpr):
         """The K and V lines of this program's keys [split * chunk, +chunk) (KEYS >= chunk, a power of
-        two), found as ``_split_kernel`` finds its row, asked into L2 (``prefetch_l2``)."""
+        two; a key's D values span ROW_LINES 128-byte lines of LINE values), found as ``_split_kernel``
+        finds its row, asked into L2 (``prefetch_l2``)."""
         bh = tl.program_id(0)
         kv_b = (bh // GROUP // H).to(tl.int64) if GROUP > 1 else (bh // H).to(tl.int64)
         h = ((bh // GROUP) % H).to(tl.int64) if GROUP > 1 else (bh % H).to(tl.int64)
         if HAS_ROWS:
             kv_b = tl.load(kvr_ptr + kv_b).to(tl.int64)
         n = tl.program_id(1) * chunk + tl.arange(0, KEYS)
-        lines = tl.arange(0, (D * k_ptr.dtype.element_ty.primitive_bitwidth // 8 + 127) // 128) * (
-            1024 // k_ptr.dtype.element_ty.primitive_bitwidth)
+        lines = tl.arange(0, ROW_LINES) * LINE
         ok = ((n < S) & (n < tl.program_id(1) * chunk + chunk))[:, None] & (lines < D)[None, :]
         prefetch_l2(k_ptr + kv_b * sk_b + h * sk_h + n[:, None] * sk_s + lines[None, :], ok)
         prefetch_l2(v_ptr + kv_b * sv_b + h * sv_h + n[:, None] * sv_s + lines[None, :], ok)
@@ -103,7 +104,8 @@ if HAVE_TRITON:
                       sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, snk_b, snk_h, snv_b, snv_h, so_b, so_h,
                       H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
                       HAS_NEW: tl.constexpr, SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
-                      GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, PREFETCH_KEYS: tl.constexpr = 0):
+                      GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, PREFETCH_KEYS: tl.constexpr = 0,
+                      PREFETCH_LINE: tl.constexpr = 64, PREFETCH_ROW_LINES: tl.constexpr = 1):
         """Program (b*H + h, split): softmax over keys [split*chunk, min((split+1)*chunk, length)).
         Splits that start at or past the length (a short self-attention cache) return at once; of
         the others (SPLITS: the plan's count rounded up to a power of 2), each writes (acc, max, sum)
@@ -117,7 +119,7 @@ if HAVE_TRITON:
         if PDL:
             if PREFETCH_KEYS > 0:
                 _prefetch_split(k_ptr, v_ptr, kvr_ptr, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                                H, D, GROUP, HAS_ROWS, PREFETCH_KEYS)
+                                H, D, GROUP, HAS_ROWS, PREFETCH_KEYS, PREFETCH_LINE, PREFETCH_ROW_LINES)
             pdl_enter()
         bh = tl.program_id(0)
         split = tl.program_id(1)
@@ -331,6 +333,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     kv_rows: None, or an integer tensor [B / group] on q's device: group g reads K/V row kv_rows[g]
     (k and v may then hold any number of rows), as a window admitted into a slot named by a graph's
     input reads that slot's cross-attention keys; the bits are those of k[kv_rows], v[kv_rows].
+    prefetch: with PDL, and neither lengths nor new keys (cross-attention), each program asks L2 for
+    its keys and values before it waits on the kernel ahead, which must not write them (nor kv_rows).
     Returns [B, H, D] in q's dtype, written into ``out`` when given (e.g. a graph's static buffer).
     """
     bsz, heads, dim = q.shape
@@ -377,7 +381,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     part, ml, locks = _split_workspace(out, bsz * heads, splits, bsz * heads)
     launch = pdl_options(q.device, bsz)
     if prefetch and launch["PDL"] and lengths is None and not has_new and not settings.prefetch_disabled():
-        launch["PREFETCH_KEYS"] = triton.next_power_of_2(chunk)
+        line = 128 // k.element_size()  # values of a 128-byte line
+        launch.update(PREFETCH_KEYS=triton.next_power_of_2(chunk), PREFETCH_LINE=line,
+                      PREFETCH_ROW_LINES=triton.next_power_of_2(-(-dim // line)))
     _split_kernel[(bsz * heads, splits)](
         q, k, v, lengths if lengths is not None else q, new_k, new_v, kv_rows if kv_rows is not None else q,
         out, part, ml, locks, seq, chunk, scale * LOG2E,

@@ -1,8 +1,8 @@
 """What every Triton operator asks first: is Triton here, may it run on this device, how many SMs.
 
-Triton is optional (the CPU build and CI have none): importing this module never fails, and
-``HAVE_TRITON`` says whether ``triton``/``tl`` are real, and ``kernels_can_run`` is the one check
-every caller makes before it launches a kernel. ``OSTINATO_NO_TRITON=1`` switches every kernel off
+Triton is optional (the CPU build and CI have none): importing this module never fails and never
+imports Triton; ``HAVE_TRITON`` (looked up: Triton is imported then) says whether ``triton``/``tl``
+are real, and ``kernels_can_run`` is the one check every caller makes before it launches a kernel. ``OSTINATO_NO_TRITON=1`` switches every kernel off
 (the plain PyTorch paths run instead), e.g. to compare the two on one machine.
 
 Programmatic dependent launch (PDL, Hopper and newer): a kernel launched with ``pdl_options``
@@ -17,9 +17,10 @@ runs it beside a model's load).
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -27,68 +28,39 @@ from .. import settings
 
 log = logging.getLogger(__name__)
 
-try:  # pragma: no cover - depends on the installation
-    import triton
-    import triton.language as tl
+# Triton is imported when first asked for (``have_triton``, or this module's attributes ``triton``,
+# ``tl``, ``HAVE_TRITON`` and the jit helpers of ``ops.triton_jit``): its import took 0.3-0.7 s, which
+# ``import ostinato`` no longer pays; a model's load asks for it on a helper thread
+# (``runtime.preparation``), and CPU work never does (``kernels_can_run``).
+_JIT_HELPERS = ("pdl_enter", "prefetch_l2", "fast_sigmoid", "HAVE_GDC")
 
-    HAVE_TRITON = True
-except Exception:  # pragma: no cover
-    triton = None
-    tl = None
-    HAVE_TRITON = False
 
-_gdc = None
-if HAVE_TRITON:  # pragma: no cover - depends on the installation
-    try:
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+@functools.lru_cache(maxsize=None)
+def _triton_imports() -> bool:
+    try:  # pragma: no cover - depends on the installation
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # pragma: no cover
+        return False
+    return True
 
-        _gdc = (gdc_wait, gdc_launch_dependents)
-    except ImportError:  # a Triton without griddepcontrol: no PDL
-        pass
 
-    @triton.jit
-    def pdl_enter():
-        """First statement of a kernel launched with PDL: wait for the previous kernel, then release
-        the next one. (Called only under a PDL constexpr, so never traced where Triton lacks it.)"""
-        gdc_wait()
-        gdc_launch_dependents()
+def have_triton() -> bool:
+    """Whether Triton imports here (imported by the first call). Tests stand in for it here; the
+    kernel modules themselves always see the real answer (``HAVE_TRITON``)."""
+    return _triton_imports()
 
-    if settings.triton_interpreter() or torch.version.hip:
-        @triton.jit
-        def prefetch_l2(ptrs, mask):
-            """No prefetch where there is no inline PTX (the CPU interpreter, ROCm): a hint only."""
-            pass
-    else:
-        @triton.jit
-        def prefetch_l2(ptrs, mask):
-            """Ask L2 for the lines holding ``ptrs`` where ``mask`` (a hint: nothing is loaded into
-            registers, nothing waits on it). Before ``pdl_enter``, for data the kernel ahead does not
-            write: the fetch then overlaps that kernel."""
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
-    if settings.triton_interpreter() or torch.version.hip:
-        @triton.jit
-        def _tanh_half(y):
-            """Where there is no inline PTX (the CPU interpreter, ROCm), the stand-in for NVIDIA's
-            tanh.approx.f16x2: tanh of a half-precision argument, rounded to half precision."""
-            return (1.0 - 2.0 / (1.0 + tl.exp2(y.to(tl.float32) * 2.8853900817779268))).to(tl.float16)
-    else:
-        @triton.jit
-        def _tanh_half(y):
-            """tanh of half-precision values, two per special-function-unit instruction."""
-            return tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [y], dtype=tl.float16,
-                                             is_pure=True, pack=2)
-
-    @triton.jit
-    def fast_sigmoid(x):
-        """float32 sigmoid(x) = (1 + tanh(x / 2)) / 2 with a half-precision tanh (sm_75 and newer, as
-        Triton itself needs): absolute error about 2^-12, for epilogues and element-wise passes that
-        store in half precision. One special-function instruction per two values where exp2 and a
-        reciprocal took two per value (2 ulp): the feed-forward's first linear with swish in its
-        epilogue (52,400 x 1024 -> 4096, float16) went from 728 to 683 us on an H100."""
-        return 0.5 + 0.5 * _tanh_half((x * 0.5).to(tl.float16)).to(tl.float32)
+def __getattr__(name: str):
+    """``triton``, ``tl`` (None without Triton), ``HAVE_TRITON`` and the shared jit helpers
+    (``ops.triton_jit``), imported at the first lookup."""
+    if name == "HAVE_TRITON":
+        return _triton_imports()
+    if name in ("triton", "tl"):
+        return importlib.import_module("triton" if name == "triton" else "triton.language") if _triton_imports() else None
+    if name in _JIT_HELPERS and _triton_imports():
+        return getattr(importlib.import_module(f"{__package__}.triton_jit"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -99,19 +71,22 @@ def kernels_can_run(where, dtype: Optional[torch.dtype] = None, interpreter: boo
     it): Triton importable, not switched off (OSTINATO_NO_TRITON=1), a CUDA device (or, with
     ``interpreter``, any device under Triton's CPU interpreter: kernels that support it), and,
     when ``dtype`` is given, a half precision one (float32 keeps PyTorch's ops everywhere)."""
-    if not HAVE_TRITON or settings.triton_disabled():
+    if settings.triton_disabled():
         return False
     if dtype is not None and dtype not in HALF_DTYPES:
         return False
     device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
     if interpreter and settings.triton_interpreter():
-        return True
-    return device.type == "cuda" and torch.cuda.is_available()
+        return have_triton()
+    # Triton is imported only where a kernel could run: CPU work never pays for it
+    return device.type == "cuda" and torch.cuda.is_available() and have_triton()
 
 
 @functools.lru_cache(maxsize=None)
 def _pdl_capable(index: int) -> bool:
-    return _gdc is not None and torch.cuda.get_device_capability(index)[0] >= 9
+    from . import triton_jit
+
+    return triton_jit.HAVE_GDC and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 # Rows past which a launch goes without PDL. A few rows make small, short kernels whose launch PDL
@@ -168,16 +143,19 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
     return buf
 
 
-def prepare(device: torch.device) -> None:  # pragma: no cover - needs Triton and CUDA
+def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragma: no cover - needs Triton and CUDA
     """Triton's once-per-process work before its first launch, even of a kernel in its on-disk cache:
     it hashes its own installation (libtriton, hundreds of MB: 0.35 s of a 1.4-s first tiny.en
     transcription on the H100 machine), asks ptxas for its version, parses each loaded kernel's
     source for its cache key and builds its argument binder. Best effort: whatever fails here
     happens at the first launch. ``runtime.preparation`` runs it on a helper thread of its own while
-    a model loads, and nothing launches a Triton kernel meanwhile."""
+    a model loads, and nothing launches a Triton kernel meanwhile. ``modules``: the model's kernel
+    modules, imported here first (with Triton) so that their kernels are among those prepared."""
     if not kernels_can_run(device):
         return
     try:
+        for name in modules:
+            importlib.import_module(name)
         from triton.compiler.compiler import make_backend
         from triton.runtime import driver
         from triton.runtime.cache import triton_key

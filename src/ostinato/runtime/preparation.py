@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,9 @@ class Helper:
     where there are no helpers). Best effort: a failure is logged at debug level, as the first call
     would have paid the same once more."""
 
-    def __init__(self, device: torch.device, start: bool):
+    def __init__(self, device: torch.device, start: bool, kernel_modules: Sequence[str] = ()):
         self.device = device
+        self.kernel_modules = tuple(kernel_modules)
         self._work: "queue.Queue[Optional[Callable]]" = queue.Queue()
         self.threads: List[threading.Thread] = []
         if start:
@@ -57,7 +58,7 @@ class Helper:
             self._work.put(work)
 
     def _prepare_triton(self) -> None:
-        triton_support.prepare(self.device)
+        triton_support.prepare(self.device, self.kernel_modules)
 
     def _load_libraries(self) -> None:
         try:
@@ -90,15 +91,17 @@ class Helper:
 
 
 @contextlib.contextmanager
-def prepared_in_background(device) -> Iterator[Helper]:
+def prepared_in_background(device, kernel_modules: Sequence[str] = ()) -> Iterator[Helper]:
     """Run the block while helper threads prepare Triton and load CUDA's libraries (CUDA only), then
-    whatever the block queued with ``helper.also``.
+    whatever the block queued with ``helper.also``. ``kernel_modules``: the model's modules of Triton
+    kernels that its own modules import lazily; the Triton helper imports them (and Triton with them,
+    0.3-0.7 s that ``import ostinato`` no longer pays) and prepares their kernels.
 
     Best effort: what fails on a helper happens at the first call, as it would have. A helper still
     running after ``PREPARE_WAIT_S`` (a hung ptxas, say) is left behind with a warning.
     """
     device = torch.device(device)
-    helper = Helper(device, start=device.type == "cuda")
+    helper = Helper(device, start=device.type == "cuda", kernel_modules=kernel_modules)
     try:
         yield helper
     finally:

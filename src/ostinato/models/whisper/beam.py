@@ -35,10 +35,13 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ...ops import group_reorder
+from ...ops import LazyModule
 from ...ops.triton_support import kernels_can_run
 from ...runtime import DeviceState, SlotTable, StepGraph
 from .search import SearchOptions, WindowJob, WindowResult, normalized_score, prompt_length
+
+KERNEL_MODULES = ("ostinato.ops.group_reorder",)  # Triton's, imported at first use (ops.LazyModule)
+group_reorder = LazyModule(KERNEL_MODULES[0])
 
 _PREFIX_SECONDARY_SCORE = -1e10  # CTranslate2's score for the beams that do not carry a forced prefix
 CACHE_BUCKETS = (32, 64, 128, 256)  # cache lengths reordered per step (and the full context)

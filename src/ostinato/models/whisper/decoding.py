@@ -38,7 +38,7 @@ from ...runtime import (
     DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, host_values_to_device, loop_rung,
     resolve_decode_loop, store_at,
 )
-from . import rules_kernel
+from ...ops import LazyModule
 from .beam import BeamSearch
 from ...ops.triton_support import kernels_can_run
 from .logit_rules import VocabLayout, apply_logit_rules
@@ -61,6 +61,9 @@ from .search import (  # noqa: F401 - re-exported: the decoder's request and res
     with_seed,
 )
 from .tokenizer import WhisperTokenizer
+
+KERNEL_MODULES = ("ostinato.models.whisper.rules_kernel",)  # Triton's, imported at first use (ops.LazyModule)
+rules_kernel = LazyModule(KERNEL_MODULES[0])
 
 
 # Admissions replay graphs for prompt heads up to this many tokens, one per length (the

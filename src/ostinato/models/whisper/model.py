@@ -19,6 +19,7 @@ from ...runtime import (
     resolve_device, resolve_dtype, set_cpu_threads, strict_float32,
 )
 from ...runtime.preparation import prepared_in_background
+from . import beam, decoding, modules
 from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
 from .engine import Cancelled, TranscriptionEngine
 from .loaders import load_checkpoint
@@ -34,6 +35,8 @@ AudioInput = Union[str, Path, bytes, np.ndarray, torch.Tensor]
 # decoder rows allocated up front: one window under the default options (5 beams, or best_of=5 samples)
 DEFAULT_DECODE_ROWS = TranscribeOptions().rows_per_window
 DEFAULT_BATCH_SIZE = 8  # chunks decoded together by transcribe(batched=True): faster-whisper's default
+# the modules of Triton kernels a transcription uses, imported lazily (on CUDA, by the load's helper)
+KERNEL_MODULES = modules.KERNEL_MODULES + decoding.KERNEL_MODULES + beam.KERNEL_MODULES
 
 
 def default_model_path() -> Path:
@@ -92,7 +95,7 @@ class WhisperModel:
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         path = str(default_model_path()) if model is None else str(model)
         # First-call work beside the load: Triton, CUDA's libraries, the features' and encoder's kernels.
-        with prepared_in_background(self.device) as helper:
+        with prepared_in_background(self.device, KERNEL_MODULES) as helper:
             checkpoint = load_checkpoint(path)
             self.dims = checkpoint.dims
             self.model_path = checkpoint.path

@@ -22,10 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...ops import decode_attention as attention_ops
-from ...ops import cpu_linear, skinny, slot_write
+from ...ops import LazyModule, cpu_linear
 from ...ops.attention import attention
 from ...ops.triton_support import kernels_can_run
+
+# The Triton kernels, imported (Triton with them) at their first use or by the load's helper thread
+KERNEL_MODULES = ("ostinato.ops.decode_attention", "ostinato.ops.skinny", "ostinato.ops.slot_write")
+attention_ops, skinny, slot_write = (LazyModule(name) for name in KERNEL_MODULES)
 from .config import WhisperDims
 
 
