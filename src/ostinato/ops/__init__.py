@@ -13,13 +13,16 @@ import sys
 
 class LazyModule:
     """Stands for the module ``name``, imported at the first attribute lookup (then looked up in
-    ``sys.modules`` each time, so a module's later rebinding is seen). Thread-safe as imports are."""
+    ``sys.modules`` each time, so a module's later rebinding is seen). Thread-safe as imports are: a
+    module another thread is still executing is waited for, as ``import`` waits."""
 
     def __init__(self, name: str):
         self._name = name
 
     def __getattr__(self, attr: str):
-        module = sys.modules.get(self._name) or importlib.import_module(self._name)
+        module = sys.modules.get(self._name)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            module = importlib.import_module(self._name)
         return getattr(module, attr)
 
     def __repr__(self) -> str:

@@ -25,11 +25,11 @@ from torch import Tensor, nn
 from ...ops import LazyModule, cpu_linear
 from ...ops.attention import attention
 from ...ops.triton_support import kernels_can_run
+from .config import WhisperDims
 
 # The Triton kernels, imported (Triton with them) at their first use or by the load's helper thread
 KERNEL_MODULES = ("ostinato.ops.decode_attention", "ostinato.ops.skinny", "ostinato.ops.slot_write")
 attention_ops, skinny, slot_write = (LazyModule(name) for name in KERNEL_MODULES)
-from .config import WhisperDims
 
 
 # The fused step's products whose weights are at most this size ask L2 for them while the kernel
