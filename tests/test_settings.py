@@ -177,3 +177,9 @@ def test_decode_loop_choice(monkeypatch):
     assert resolve_decode_loop("auto", torch.device("cuda")) == "kstep"
     with pytest.raises(InvalidOptionError, match="cuda-python is not installed"):
         resolve_decode_loop("device", torch.device("cuda"))
+
+
+def test_no_pdl_without_triton(monkeypatch):
+    """A CUDA machine without Triton launches nothing with PDL, and asking does not import Triton's helpers."""
+    monkeypatch.setattr(triton_support, "_triton_imports", lambda: False)
+    assert triton_support._pdl_capable.__wrapped__(0) is False

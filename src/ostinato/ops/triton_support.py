@@ -84,6 +84,8 @@ def kernels_can_run(where, dtype: Optional[torch.dtype] = None, interpreter: boo
 
 @functools.lru_cache(maxsize=None)
 def _pdl_capable(index: int) -> bool:
+    if not _triton_imports():  # no Triton: no kernel to launch with PDL
+        return False
     from . import triton_jit
 
     return triton_jit.HAVE_GDC and torch.cuda.get_device_capability(index)[0] >= 9
