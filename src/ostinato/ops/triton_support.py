@@ -2,8 +2,9 @@
 
 Triton is optional (the CPU build and CI have none): importing this module never fails and never
 imports Triton; ``HAVE_TRITON`` (looked up: Triton is imported then) says whether ``triton``/``tl``
-are real, and ``kernels_can_run`` is the one check every caller makes before it launches a kernel. ``OSTINATO_NO_TRITON=1`` switches every kernel off
-(the plain PyTorch paths run instead), e.g. to compare the two on one machine.
+are real, and ``kernels_can_run`` is the one check every caller makes before it launches a kernel.
+``OSTINATO_NO_TRITON=1`` switches every kernel off (the plain PyTorch paths run instead), e.g. to
+compare the two on one machine.
 
 Programmatic dependent launch (PDL, Hopper and newer): a kernel launched with ``pdl_options``
 may be scheduled while the kernel before it on the stream is still running; its first act,
