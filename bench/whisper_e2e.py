@@ -91,11 +91,13 @@ def long_recording(clips: Sequence[np.ndarray], seconds: float = LONG_SECONDS) -
     return np.concatenate(parts)
 
 
-def audio_set(args) -> List[np.ndarray]:
+def audio_set(clips_dir: str, long: Optional[str] = None, long_seconds: float = LONG_SECONDS) -> List[np.ndarray]:
+    """The benchmark's audio: the clips, then the long recording (``long``'s file, else the clips
+    joined to ``long_seconds``)."""
     from ostinato.audio import load_audio
 
-    clips = load_clips(args.clips)
-    return clips + [load_audio(args.long) if args.long else long_recording(clips, args.long_seconds)]
+    clips = load_clips(clips_dir)
+    return clips + [load_audio(long) if long else long_recording(clips, long_seconds)]
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def ours_worker(args, config: dict) -> dict:
                          steps_per_replay=args.steps_per_replay)
     _sync(args.device)
     load = time.perf_counter() - start
-    audios = audio_set(args)
+    audios = audio_set(args.clips, args.long, args.long_seconds)
     options, batch = config["options"], config["batch"]
 
     def run():
@@ -282,7 +284,7 @@ def pipeline_worker(args, config: dict) -> dict:
     _sync(args.device)
     load = time.perf_counter() - start
     del reference, checkpoint
-    audios = audio_set(args)
+    audios = audio_set(args.clips, args.long, args.long_seconds)
     kwargs = dict(batch_size=config["batch"], return_timestamps="word" if config.get("words") else True,
                   generate_kwargs=dict(num_beams=config["beams"]))
 
@@ -311,7 +313,7 @@ def ttft_worker(args, model_path: str) -> dict:
                          steps_per_replay=args.steps_per_replay)
     _sync(args.device)
     marks["load"] = time.time()
-    clip = audio_set(args)[-1][: int(TTFT_SECONDS * SAMPLE_RATE)]
+    clip = audio_set(args.clips, args.long, args.long_seconds)[-1][: int(TTFT_SECONDS * SAMPLE_RATE)]
     marks["audio ready"] = time.time()
     segments, _ = model.transcribe(clip)
     next(segments, None)
@@ -418,7 +420,7 @@ def main(argv=None) -> None:
         print(json.dumps(result))
         return
 
-    audio = audio_set(args)
+    audio = audio_set(args.clips, args.long, args.long_seconds)
     seconds = sum(map(len, audio)) / SAMPLE_RATE
     print(f"device: {device_name(args.device)}; model {args.model} ({args.dtype}); {len(audio) - 1} clips + one "
           f"{len(audio[-1]) / SAMPLE_RATE:.0f}-s recording = {seconds:.0f} s of audio; warm = best of "

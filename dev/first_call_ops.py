@@ -104,10 +104,9 @@ def main() -> None:
     t_load = time.perf_counter() - begin
     if args.clips:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-        from whisper_e2e import load_clips, long_recording
+        from whisper_e2e import audio_set
 
-        clips = load_clips(args.clips)
-        audios = clips + [long_recording(clips, args.long_seconds)]
+        audios = audio_set(args.clips, long_seconds=args.long_seconds)
     else:
         t = np.arange(15 * 16000) / 16000.0
         audios = [(0.1 * np.sin(2 * np.pi * (200 + 10 * i) * t)).astype(np.float32) for i in range(16)]

@@ -139,11 +139,10 @@ def main() -> None:
     t_load = time.perf_counter() - begin
     if args.clips:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-        from whisper_e2e import load_clips, long_recording
+        from whisper_e2e import audio_set
 
-        clips = load_clips(args.clips)
-        audios = clips + [long_recording(clips, args.long_seconds)]
-        what = f"{len(clips)} clips + a {args.long_seconds:.0f}-s recording"
+        audios = audio_set(args.clips, long_seconds=args.long_seconds)
+        what = f"{len(audios) - 1} clips + a {args.long_seconds:.0f}-s recording"
     else:
         rng = np.random.default_rng(0)
         t = np.arange(int(args.seconds * 16000)) / 16000.0
