@@ -81,15 +81,28 @@ def split_plan(seq_len: int, heads_rows: int, n_sm: int, programs_per_sm: int = 
 if HAVE_TRITON:
 
     @triton.jit
-    def _prefetch_split(k_ptr, v_ptr, kvr_ptr, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, H: tl.constexpr,
-                        D: tl.constexpr, GROUP: tl.constexpr, HAS_ROWS: tl.constexpr, KEYS: tl.constexpr,
-                        LINE: tl.constexpr, ROW_LINES: tl.constexpr):
-        """The K and V lines of this program's keys [split * chunk, +chunk) (KEYS >= chunk, a power of
-        two; a key's D values span ROW_LINES 128-byte lines of LINE values), found as ``_split_kernel``
-        finds its row, asked into L2 (``prefetch_l2``)."""
+    def _program_rows(H: tl.constexpr, GROUP: tl.constexpr):
+        """A ``_split_kernel`` program's (query row b, head h, K/V row before ``kvr``, b * H + h)."""
         bh = tl.program_id(0)
-        kv_b = (bh // GROUP // H).to(tl.int64) if GROUP > 1 else (bh // H).to(tl.int64)
-        h = ((bh // GROUP) % H).to(tl.int64) if GROUP > 1 else (bh % H).to(tl.int64)
+        if GROUP > 1:  # program (window * H + h) * GROUP + beam: a window's beams side by side
+            wh = bh // GROUP
+            h = (wh % H).to(tl.int64)
+            kv_b = (wh // H).to(tl.int64)
+            b = kv_b * GROUP + bh % GROUP
+            bh = b * H + h  # partials and counters by query row
+        else:
+            b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
+            h = (bh % H).to(tl.int64)
+            kv_b = b
+        return b, h, kv_b, bh
+
+    @triton.jit
+    def _prefetch_split(k_ptr, v_ptr, kvr_ptr, kv_b, h, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                        D: tl.constexpr, HAS_ROWS: tl.constexpr, KEYS: tl.constexpr, LINE: tl.constexpr,
+                        ROW_LINES: tl.constexpr):
+        """The K and V lines of K/V row ``kv_b`` (read from kvr with HAS_ROWS), head ``h``, keys
+        [split * chunk, +chunk) (KEYS >= chunk, a power of two; a key's D values span ROW_LINES 128-byte
+        lines of LINE values), asked into L2 (``prefetch_l2``)."""
         if HAS_ROWS:
             kv_b = tl.load(kvr_ptr + kv_b).to(tl.int64)
         n = tl.program_id(1) * chunk + tl.arange(0, KEYS)
@@ -116,23 +129,13 @@ if HAVE_TRITON:
         HAS_ROWS the K/V row is read from kvr (indexed by the row's group). PREFETCH_KEYS (with PDL,
         no length, no new key: cross-attention, whose K/V and kvr the kernel ahead never writes): the
         split's K/V lines are asked into L2 before waiting on that kernel."""
+        b, h, kv_b, bh = _program_rows(H, GROUP)
         if PDL:
             if PREFETCH_KEYS > 0:
-                _prefetch_split(k_ptr, v_ptr, kvr_ptr, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                                H, D, GROUP, HAS_ROWS, PREFETCH_KEYS, PREFETCH_LINE, PREFETCH_ROW_LINES)
+                _prefetch_split(k_ptr, v_ptr, kvr_ptr, kv_b, h, S, chunk, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, D,
+                                HAS_ROWS, PREFETCH_KEYS, PREFETCH_LINE, PREFETCH_ROW_LINES)
             pdl_enter()
-        bh = tl.program_id(0)
         split = tl.program_id(1)
-        if GROUP > 1:  # program (window * H + h) * GROUP + beam: a window's beams side by side
-            wh = bh // GROUP
-            h = (wh % H).to(tl.int64)
-            kv_b = (wh // H).to(tl.int64)
-            b = kv_b * GROUP + bh % GROUP
-            bh = b * H + h  # partials and counters by query row
-        else:
-            b = (bh // H).to(tl.int64)  # int64: caches of many rows overflow 32-bit element offsets
-            h = (bh % H).to(tl.int64)
-            kv_b = b
         if HAS_ROWS:
             kv_b = tl.load(kvr_ptr + kv_b).to(tl.int64)
         length = S

@@ -39,7 +39,6 @@ attention_ops, skinny, slot_write = (LazyModule(name) for name in KERNEL_MODULES
 # 1 row 2.072 / 2.094 / 2.024, 16 rows 3.688 / 3.710 / 3.625 (its 1280 x 1280 products in, q/k/v
 # and the feed-forward's out). Language models' bigger products were 6-15% slower with it.
 PREFETCH_MAX_BYTES = 4 << 20
-PREFETCH_CROSS_KV = True  # the cross-attention asks L2 for its keys and values ahead (the same way)
 
 
 def _prefetch(weight: Tensor) -> bool:
@@ -220,7 +219,7 @@ class ResidualAttentionBlock(nn.Module):
         h = skinny.add_layer_norm(x, None, self.cross_attn_ln.weight, self.cross_attn_ln.bias, self.cross_attn_ln.eps)[1]
         q = skinny.linear(h, cross.query.weight, cross.query.bias, prefetch=_prefetch(cross.query.weight))
         a = attention_ops.decode_attention(q.view(b, heads, -1), cross_k, cross_v, group=cross_group,
-                                           kv_rows=cross_rows, prefetch=PREFETCH_CROSS_KV)
+                                           kv_rows=cross_rows, prefetch=True)
         x = skinny.linear(a.reshape(b, d), cross.out.weight, cross.out.bias, residual=x,
                           prefetch=_prefetch(cross.out.weight))
         h = skinny.add_layer_norm(x, None, self.mlp_ln.weight, self.mlp_ln.bias, self.mlp_ln.eps)[1]
