@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python bench/whisper_e2e.py --clips DIR [--model PATH] [--long PATH]
         [--batch-size 16] [--repeats 2] [--configs greedy-b16 defaults-b16 greedy-b1 words-b16]
-        [--ttft-sizes tiny large-v3] [--steps-per-replay 8] [--no-prime] [--device cuda] [--out DIR]
+        [--ttft-sizes tiny large-v3] [--steps-per-replay K] [--no-prime] [--device cuda] [--out DIR]
 
 The audio is every clip in ``--clips`` (*.npy int16 or float32 samples, as dev/export_device_bundle.py
 writes them, or audio files) and one long recording (``--long``, else the clips end to end, repeated
@@ -335,8 +335,9 @@ def spawn(args, role: str, name: str, env: Optional[dict] = None, model: Optiona
     repeats = args.repeats if repeats is None else repeats
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", role, "--name", name,
                "--clips", args.clips, "--device", args.device, "--dtype", args.dtype, "--repeats", str(repeats),
-               "--model", model or args.model, "--long-seconds", str(long_seconds or args.long_seconds),
-               "--steps-per-replay", str(args.steps_per_replay)]
+               "--model", model or args.model, "--long-seconds", str(long_seconds or args.long_seconds)]
+    if args.steps_per_replay:
+        command += ["--steps-per-replay", str(args.steps_per_replay)]
     if args.long and long_seconds is None:
         command += ["--long", args.long]
     spawned = time.time()
@@ -393,7 +394,8 @@ def main(argv=None) -> None:
     parser.add_argument("--no-pipeline", action="store_true")
     parser.add_argument("--no-prime", action="store_true",
                         help="first runs with an empty Triton kernel cache (default: filled by an untimed run)")
-    parser.add_argument("--steps-per-replay", type=int, default=8, help="ostinato's decode steps between looks")
+    parser.add_argument("--steps-per-replay", type=int, default=None,
+                        help="ostinato's decode steps between looks (default: the model's own choice)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--out", default=None)

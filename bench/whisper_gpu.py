@@ -57,8 +57,9 @@ def _events_ms(fn, repeats: int) -> float:
 class OstinatoBench:
     """ostinato's decoder on a random checkpoint, timed per replay and per call."""
 
-    def __init__(self, dims, state_dict, device):
+    def __init__(self, dims, state_dict, device, steps_per_replay=None):
         self.dims = dims
+        self.steps_per_replay = steps_per_replay  # None: the decoder's own choice
         self.model = Whisper.from_state_dict(dims, state_dict).to(device).eval().requires_grad_(False)
         multilingual, languages = vocabulary_layout(dims.n_vocab)
         self.tokenizer = WhisperTokenizer(whisper_tokenizer_file(dims.n_vocab), multilingual, languages)
@@ -83,6 +84,7 @@ class OstinatoBench:
         # replaced, held for the peers) are not ostinato's: the peak below is counted without them.
         outside = torch.cuda.memory_allocated() - weights
         decoder = WindowDecoder(self.model, self.tokenizer, self.device, buckets=(batch,),
+                                 steps_per_replay=self.steps_per_replay,
                                  decode_loop="auto" if device_loop else "kstep")
         features = self.model.encoder(random_mel(self.dims, batch).to(self.device, torch.float16))
         torch.cuda.reset_peak_memory_stats()  # the decode phase only: the encoder's activations are gone
@@ -172,6 +174,7 @@ def main() -> None:
     parser.add_argument("--sweep", nargs="+", type=int, default=[1, 2, 4, 8, 16],
                         help="batch sizes of ostinato's line in the plot")
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--steps-per-replay", type=int, default=None, help="default: the decoder's own choice")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--peer-repeats", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true")
@@ -190,7 +193,7 @@ def main() -> None:
     rows, plot_rows, memory, encoder = [], [], [], {}
     for size in args.sizes:
         dims, state_dict = random_whisper_checkpoint(size, device="cuda")
-        bench = OstinatoBench(dims, state_dict, device)
+        bench = OstinatoBench(dims, state_dict, device, args.steps_per_replay)
         for batch in sorted(set(args.batches) | set(args.sweep)):
             try:
                 fused = bench.measure(batch, args.steps, args.repeats, triton=True)

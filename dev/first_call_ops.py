@@ -1,7 +1,7 @@
 """What a first transcription does that the warm one does not, by host operation (issue 16).
 
     PYTHONPATH=src:dev python dev/first_call_ops.py [--model PATH | --size tiny] [--clips DIR]
-        [--batch 16] [--steps-per-replay 8] [--top 30] [--warm-repeats 2]
+        [--batch 16] [--steps-per-replay K] [--top 30] [--warm-repeats 2]
 
 Loads a checkpoint (random weights of ``--size`` without ``--model``), then runs the same
 transcription (greedy; bench/whisper_e2e.py's audio with ``--clips``, else 16 synthetic 15-s clips)
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--clips", default=None)
     parser.add_argument("--long-seconds", type=float, default=377.0)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps-per-replay", type=int, default=8)
+    parser.add_argument("--steps-per-replay", type=int, default=None)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--warm-repeats", type=int, default=2)
     parser.add_argument("--cpu-activity-only", action="store_true", help="profile host operations only (no CUPTI)")
@@ -135,7 +135,7 @@ def main() -> None:
         calls.append((wall, own_cpu_ms(prof)))
         pinned_per_call.append(list(pinned))
     print(f"{torch.cuda.get_device_name()}, model {args.model or 'random ' + args.size}, {len(audios)} audios "
-          f"({seconds:.0f} s), batch {args.batch}, {args.steps_per_replay} steps per replay; load {t_load:.2f} s")
+          f"({seconds:.0f} s), batch {args.batch}, {model.steps_per_replay} steps per replay; load {t_load:.2f} s")
     print("calls (under the profiler): " + ", ".join(f"{w:.3f} s" for w, _ in calls))
     print("\ncapture parts in the first call (count, seconds):")
     for name, (count, secs) in phases.items():

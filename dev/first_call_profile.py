@@ -1,7 +1,7 @@
 """Where a fresh process's first transcription spends its time (issue 16: first run vs warm).
 
     PYTHONPATH=src python dev/first_call_profile.py [--size tiny|large-v3] [--model PATH] [--batch 1]
-        [--seconds 15] [--top 40] [--steps-per-replay 8] [--clips DIR [--long-seconds 377]] [--defaults]
+        [--seconds 15] [--top 40] [--steps-per-replay K] [--clips DIR [--long-seconds 377]] [--defaults]
 
 Loads a checkpoint (``--model``, else random weights of ``--size``), then transcribes ``--batch``
 copies of a synthetic clip twice: the first call under cProfile, the second timed warm. Prints each
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--steps-per-replay", type=int, default=8)
+    parser.add_argument("--steps-per-replay", type=int, default=None)
     parser.add_argument("--clips", default=None, help="bench/whisper_e2e.py's audio from these clips")
     parser.add_argument("--long-seconds", type=float, default=377.0)
     parser.add_argument("--defaults", action="store_true", help="beam 5 with the fallback, not greedy")
@@ -174,7 +174,7 @@ def main() -> None:
     t_warm = time.perf_counter() - begin
     print(f"model {args.model or 'random ' + args.size}, batch {args.batch}, {what}, "
           f"{'defaults' if args.defaults else 'greedy'}, "
-          f"{args.steps_per_replay} steps per replay, "
+          f"{model.steps_per_replay} steps per replay, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     print(f"import torch {t_torch:.2f} s, import ostinato {t_import:.2f} s, load {t_load:.2f} s, "
           f"first transcribe {t_first:.2f} s (under cProfile), warm {t_warm:.3f} s")

@@ -20,7 +20,7 @@ import torch
 
 import ostinato
 from ostinato.errors import InvalidOptionError
-from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, WindowRequest
+from ostinato.models.whisper.decoding import SearchOptions, WindowDecoder, WindowRequest, default_steps_per_replay
 from ostinato.runtime import duplicated_parameters
 
 DATA = Path(__file__).parent / "data"
@@ -210,6 +210,13 @@ def test_steps_per_replay_does_not_change_results(model, steps):
         [s.tokens for s in model.transcribe(str(CLIP), **beam)[0]]
     with pytest.raises(InvalidOptionError, match="steps_per_replay"):
         load(OPENAI_PT, steps_per_replay=0)
+
+
+def test_steps_per_replay_follows_the_decoders_depth(model):
+    """Without the option, shallow decoders (tiny's 4 layers, large-v3-turbo's) take 8 steps a trip
+    and deep ones (medium's 24, large's 32) one: their loops' instantiation grows with the kernels."""
+    assert [default_steps_per_replay(n) for n in (2, 4, 6, 12, 24, 32)] == [8, 8, 5, 2, 1, 1]
+    assert model.dims.n_text_layer <= 4 and model.steps_per_replay == model.decoder.steps_per_replay == 8
 
 
 # --- the KV-cached decoder against the naive decoder -----------------------------------------

@@ -79,6 +79,17 @@ PREFILL_GRAPH_TOKENS = 8
 LONG_HEAD_TOKENS = 256
 
 
+def default_steps_per_replay(text_layers: int) -> int:
+    """Decode steps per trip of the device loop (per replay, per look at the done flags) for a
+    decoder of ``text_layers`` layers: 8 for tiny's 4, 5 for base, 2 for small, 1 from medium up.
+
+    A trip's look costs microseconds, a step of a shallow decoder a few hundred (tiny.en, H100:
+    0.22 ms), so shallow decoders take 8 steps a trip. A deep decoder's step takes milliseconds while
+    the driver's instantiation of a loop grows with its kernels (large-v3 at 8 steps: some 3100
+    kernels, 0.43 s of its first call), and a finished row waits fewer steps for its refill."""
+    return max(1, min(8, 32 // max(1, int(text_layers))))
+
+
 class CrossKey(NamedTuple):
     """The graph writing one window's cross-attention K/V into its slot (an input: one graph)."""
 
@@ -137,7 +148,7 @@ class WindowDecoder:
         *,
         use_graphs: bool = True,
         buckets: Sequence[int] = (1,),
-        steps_per_replay: int = 8,
+        steps_per_replay: Optional[int] = None,
         capacity: int = 1,
         decode_loop: str = "auto",
         windows: Optional[int] = None,
@@ -146,7 +157,8 @@ class WindowDecoder:
         state holds at least, for beam search (windows x beam) and sampling (windows x best_of).
         ``windows``: the most windows decoded at once, each with one cross-attention K/V slot
         (at least the largest bucket; default: one per row).
-        ``steps_per_replay``: steps per graph replay (and per look at the done flags).
+        ``steps_per_replay``: steps per graph replay (and per look at the done flags); None: by the
+        decoder's depth (``default_steps_per_replay``).
         ``decode_loop``: the top rung (see ``runtime.resolve_decode_loop``); on "device", greedy
         and sampling calls loop on the device until a row finishes (beam search keeps K steps per
         replay: its graphs are keyed by a length bound)."""
@@ -154,8 +166,8 @@ class WindowDecoder:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.buckets = tuple(sorted(buckets))
-        self.steps_per_replay = int(steps_per_replay)
         dims = model.dims
+        self.steps_per_replay = int(steps_per_replay or default_steps_per_replay(dims.n_text_layer))
         self.layout = VocabLayout(dims.n_vocab, tokenizer.eot, tokenizer.no_timestamps, tokenizer.timestamp_begin)
         self.max_rows = max(self.buckets[-1], int(capacity))
         self.windows = self.max_rows if windows is None else max(self.buckets[-1], int(windows))

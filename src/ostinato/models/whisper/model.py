@@ -20,7 +20,7 @@ from ...runtime import (
 )
 from ...runtime.preparation import prepared_in_background
 from . import beam, decoding, modules
-from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult
+from .decoding import SearchOptions, WindowDecoder, WindowRequest, WindowResult, default_steps_per_replay
 from .engine import Cancelled, TranscriptionEngine
 from .loaders import load_checkpoint
 from .modules import Whisper
@@ -75,7 +75,8 @@ class WhisperModel:
     default, uses one per physical core on the CPU (see ``runtime.set_cpu_threads``).
     steps_per_replay: decode steps per graph replay, or per trip of the device loop, between two
     looks at the rows' done flags: more steps mean fewer launches and looks, fewer mean larger
-    models' graphs capture faster and a finished row waits fewer steps for its refill.
+    models' graphs capture faster and a finished row waits fewer steps for its refill. None, the
+    default, chooses by the decoder's depth (``decoding.default_steps_per_replay``: 8 for tiny).
     """
 
     def __init__(
@@ -86,9 +87,10 @@ class WhisperModel:
         use_graphs: bool = True,
         decode_loop: str = "auto",
         cpu_threads: int = 0,
-        steps_per_replay: int = 8,
+        steps_per_replay: Optional[int] = None,
     ):
-        self.steps_per_replay = check_positive_int("steps_per_replay", steps_per_replay)
+        if steps_per_replay is not None:
+            check_positive_int("steps_per_replay", steps_per_replay)
         self.device = resolve_device(device)
         self.cpu_threads = set_cpu_threads(cpu_threads, self.device)
         self.dtype = resolve_dtype(compute_type, self.device)
@@ -98,6 +100,7 @@ class WhisperModel:
         with prepared_in_background(self.device, KERNEL_MODULES) as helper:
             checkpoint = load_checkpoint(path)
             self.dims = checkpoint.dims
+            self.steps_per_replay = steps_per_replay or default_steps_per_replay(self.dims.n_text_layer)
             self.model_path = checkpoint.path
             helper.also(functools.partial(_spectrogram_of_silence, self.dims.n_mels))
             try:
@@ -107,19 +110,21 @@ class WhisperModel:
             del checkpoint.state_dict
             self.model = place_module(whisper, self.device, self.dtype)
             helper.also(functools.partial(_encode_silence, self.model, self.dtype))
+            # The rest of the load runs while the helpers finish (it launches no Triton kernel and
+            # captures nothing): tiny.en's decoder state and tokenizer took 0.09 s after they had.
+            self.alignment_heads = checkpoint.alignment_heads
+            if checkpoint.tokenizer_file is None:
+                raise ModelLoadError(f"no tokenizer.json found for the checkpoint at {path}")
+            self.tokenizer = WhisperTokenizer(
+                checkpoint.tokenizer_file, self.dims.is_multilingual, self.dims.num_languages
+            )
+            # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
+            self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS, windows=1)
         # One window per encoder call is how every transcription encodes. Eagerly that is about 400
         # launches: on the H100 large-v3's took 10.7 ms of host time for 5.6 ms of GPU work, and
         # tiny's 1.9 ms for 0.4 ms. One replay runs the same kernels (the same bits) for a launch.
         self._encoder_graph = StepGraph(lambda shape, mel: self.model.encoder(mel), self.device,
                                         use_graphs=self.decode_loop != "eager", name="whisper encoder")
-        self.alignment_heads = checkpoint.alignment_heads
-        if checkpoint.tokenizer_file is None:
-            raise ModelLoadError(f"no tokenizer.json found for the checkpoint at {path}")
-        self.tokenizer = WhisperTokenizer(
-            checkpoint.tokenizer_file, self.dims.is_multilingual, self.dims.num_languages
-        )
-        # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
-        self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS, windows=1)
         log.debug("decode loop on %s: %s", self.device, self.decoder.loop_rung)  # load_model logs it at INFO
         self._batch_decoders = {}
 
