@@ -21,6 +21,7 @@ import functools
 import importlib
 import logging
 import sys
+import threading
 from typing import Optional, Sequence
 
 import torch
@@ -157,13 +158,17 @@ def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragm
     if not kernels_can_run(device):
         return
     try:
+        from triton.runtime.cache import triton_key
+
+        # The installation's hash is file reads and hashlib, which let go of the GIL: it runs on a
+        # thread of its own beside the imports and the kernels' keys, which hold it.
+        hashing = threading.Thread(target=_quietly, args=(triton_key,), name="ostinato-triton-key", daemon=True)
+        hashing.start()
         for name in modules:
             importlib.import_module(name)
         from triton.compiler.compiler import make_backend
         from triton.runtime import driver
-        from triton.runtime.cache import triton_key
 
-        triton_key()  # lru-cached: every later cache key reuses it
         with torch.cuda.device(device):
             backend = make_backend(driver.active.get_current_target())
             index = driver.active.get_current_device()
@@ -172,6 +177,14 @@ def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragm
         for kernel in _loaded_kernels():
             kernel.cache_key  # noqa: B018 - the source's dependency hash, kept on the kernel
             kernel.device_caches[index]  # its argument binder: generated Python, compiled (2 ms a kernel)
+        hashing.join()  # lru-cached: every later cache key reuses it
+    except Exception as exc:  # noqa: BLE001 - only an early start; the first launch does it otherwise
+        log.debug("Triton preparation in the background failed: %s", exc)
+
+
+def _quietly(work) -> None:
+    try:
+        work()
     except Exception as exc:  # noqa: BLE001 - only an early start; the first launch does it otherwise
         log.debug("Triton preparation in the background failed: %s", exc)
 
