@@ -1,6 +1,6 @@
 """A fresh process's load and first transcript, with the load's helper thread on a timeline (issue 16).
 
-    PYTHONPATH=src:dev python dev/load_ab.py [--model PATH | --size tiny] --clips DIR [--no-first-uses] [--greedy]
+    PYTHONPATH=src:dev python dev/load_ab.py [--model PATH | --size tiny] --clips DIR [--no-first-uses] [--greedy] [--steps-per-replay K] [--kernels-at-import]
 
 Prints, in seconds from the start of the load: when the helpers' preparation (Triton's, CUDA's
 libraries) ended, when each piece of work the model queued on it (``Helper.also``) ended, when the
@@ -26,6 +26,9 @@ def main() -> None:
     parser.add_argument("--clips", required=True)
     parser.add_argument("--no-first-uses", action="store_true")
     parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--kernels-at-import", action="store_true",
+                        help="import Triton and the model's kernel modules with ostinato, as before f0b7684")
+    parser.add_argument("--steps-per-replay", type=int, default=None, help="default: the model's own choice")
     parser.add_argument("--skip", nargs="*", default=[], help="names of queued work to drop (e.g. _encode_silence)")
     args = parser.parse_args()
     t0 = time.perf_counter()
@@ -36,6 +39,11 @@ def main() -> None:
     from ostinato.runtime import preparation
     from whisper_e2e import load_clips, long_recording
 
+    if args.kernels_at_import:
+        import importlib
+
+        for name in whisper_model.KERNEL_MODULES:
+            importlib.import_module(name)
     t_import = time.perf_counter() - t0
     marks = []
     from ostinato.ops import triton_support
@@ -69,7 +77,7 @@ def main() -> None:
 
             save_random_whisper_checkpoint(args.size, args.model)
     begin = time.perf_counter()
-    model = WhisperModel(args.model, device="cuda")
+    model = WhisperModel(args.model, device="cuda", steps_per_replay=args.steps_per_replay)
     torch.cuda.synchronize()
     loaded = time.perf_counter()
     options = dict(beam_size=1, temperature=0.0) if args.greedy else {}
@@ -80,7 +88,9 @@ def main() -> None:
     torch.cuda.synchronize()
     again = time.perf_counter()
     what = "without" if args.no_first_uses else "with" + (f" (less {' '.join(args.skip)})" if args.skip else "")
-    print(f"{what} the model's first uses; imports {t_import:.2f} s")
+    when = "with ostinato" if args.kernels_at_import else "on the load's helper"
+    print(f"{what} the model's first uses, {model.steps_per_replay} steps a trip, kernel modules imported {when}; "
+          f"imports {t_import:.2f} s")
     for label, at in sorted(marks, key=lambda m: m[1]):
         print(f"  {at - begin:6.3f}  {label}")
     print(f"  {loaded - begin:6.3f}  load returned")
