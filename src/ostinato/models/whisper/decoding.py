@@ -160,8 +160,8 @@ class WindowDecoder:
         ``steps_per_replay``: steps per graph replay (and per look at the done flags); None: by the
         decoder's depth (``default_steps_per_replay``).
         ``decode_loop``: the top rung (see ``runtime.resolve_decode_loop``); on "device", greedy
-        and sampling calls loop on the device until a row finishes (beam search keeps K steps per
-        replay: its graphs are keyed by a length bound)."""
+        and sampling calls loop on the device until a row finishes, and beam search until a window
+        does (one graph for every cache length: ``beam.py``)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
