@@ -10,8 +10,9 @@ so nothing else touches Triton or captures a graph meanwhile. A model adds its o
 it knows its shapes (``Helper.also``): a first tiny.en transcription on an H100 still spent ~0.2 s
 loading PyTorch's kernels for its features and encoder (each kernel family's first launch, 5-45 ms).
 
-Three threads, each its own piece: Triton's preparation (hashing its installation: file reads and
-hashlib, which lets go of the GIL), CUDA's libraries, and the model's work as it is queued. On one
+Three threads, each its own piece: Triton's preparation (its import, the model's kernel modules and
+their keys; hashing Triton's installation, file reads and hashlib that let go of the GIL, on a
+fourth beside them), CUDA's libraries, and the model's work as it is queued. On one
 thread the helper outlasted tiny.en's load (H100: helper 1.2-1.4 s, weights on the device at
 0.8 s), and each piece of model work added its own time to the load: +0.2-0.4 s for the features'
 and encoder's. Apart, the load took 1.07-1.17 s with them and 1.10-1.17 s without, and the first
