@@ -119,9 +119,6 @@ def whisper_encoder_flops(dims: WhisperDims, batch: int = 1) -> float:
     return 2.0 * batch * (convs + dims.n_audio_layer * per_layer)
 
 
-DELTA_RULE_CHUNK = 64  # the chunked gated delta rule's chunk (models.llm.delta_rule.chunked_delta_rule)
-
-
 def llm_prefill_flops(net, tokens: int) -> float:
     """FLOPs (2 x multiply-adds) of the matrix products one prompt's prefill of ``tokens`` tokens does,
     for a decoder-only network (``models.llm.network.DecoderNet``).
@@ -134,6 +131,8 @@ def llm_prefill_flops(net, tokens: int) -> float:
     and keys solved for, the output's in-chunk product, and the state read twice and updated (three
     C x dk x dv products). Norms, gates, the causal conv, softmax and routing are left out.
     """
+    from ..models.llm.delta_rule import CHUNK  # the network's own module: already imported
+
     config = net.config
     per_token = 0.0
     for name, p in net.named_parameters():
@@ -143,7 +142,7 @@ def llm_prefill_flops(net, tokens: int) -> float:
         per_token += p.numel() * share
     total = 2.0 * tokens * per_token + 2.0 * net.lm_head.weight.numel()
     pairs = tokens * (tokens + 1) / 2  # (query, key) pairs under the causal mask
-    c = DELTA_RULE_CHUNK
+    c = CHUNK
     chunks = -(-tokens // c)
     for layer in net.model.layers:
         if layer.linear:

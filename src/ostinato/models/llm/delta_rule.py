@@ -22,8 +22,11 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+CHUNK = 64  # tokens a chunk of the chunked rule solves at once (prefill's default)
+
+
 def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                       chunk: int = 64) -> Tuple[Tensor, Tensor]:
+                       chunk: int = CHUNK) -> Tuple[Tensor, Tensor]:
     """q, k: [B, T, Hk, dk]; v: [B, T, H, dv]; g, beta: [B, T, H]; state: [B, H, dk, dv] float32. Hk
     divides H: each key head serves H / Hk value heads, consecutive ones.
 
