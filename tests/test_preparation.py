@@ -4,6 +4,7 @@ loaded on helper threads while a model loads, then the model's own first uses.
 Triton and CUDA are not on the CPU machines, so the Triton calls and the library loading are stood in
 for by recorders; the GPU test (tests/gpu/test_whisper_gpu.py) checks the real ones after a model load."""
 import collections
+import importlib
 import sys
 import threading
 import time
@@ -63,8 +64,16 @@ def recording_triton(monkeypatch):
         "triton.runtime.jit": types.SimpleNamespace(JITFunction=JITFunction),
         "ostinato._fake_kernels": types.SimpleNamespace(kernel=JITFunction(), other=3),
     }
+    for name in triton_support.SPECIALIZER_IMPORTS:
+        modules[name] = types.ModuleType(name)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
+
+    def import_module(name):
+        calls.append(("import " + name, threading.current_thread().name))
+        return importlib.import_module(name)
+
+    monkeypatch.setattr(triton_support, "importlib", types.SimpleNamespace(import_module=import_module))
     monkeypatch.setattr(triton_support, "kernels_can_run", lambda device: True)
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(preparation, "load_cuda_libraries", record("libraries", delay=0.2))
@@ -85,6 +94,9 @@ def test_preparation_runs_beside_the_block_and_is_done_when_it_ends(recording_tr
     assert ("libraries", "ostinato-prepare") in calls and len(triton) == len(calls) - 2
     kernel = sys.modules["ostinato._fake_kernels"].kernel
     assert list(kernel.device_caches) == [0]  # its binder was made for the current device
+    # what the binders' first call would import (Gluon's descriptor types), imported on the helper
+    for name in triton_support.SPECIALIZER_IMPORTS:
+        assert ("import " + name, "ostinato-prepare-triton") in calls
 
 
 def test_a_failed_preparation_is_only_logged(recording_triton, monkeypatch, caplog):

@@ -199,8 +199,10 @@ def _counting_loop(device, target: int, slow: bool = False, **options):
     count = torch.zeros(1, dtype=torch.int64, device=device)
     total = torch.zeros(4, device=device)
     limit = torch.tensor([target], device=device)
+    calls = {"n": 0}
 
     def step(rows, x):
+        calls["n"] += 1
         if slow:
             torch.cuda._sleep(200_000)
         count.add_(1)
@@ -211,6 +213,7 @@ def _counting_loop(device, target: int, slow: bool = False, **options):
         return count < limit
 
     graph = StepGraph(step, device, loop_guard=guard, **options)
+    graph.calls = calls
     return graph, count, total
 
 
@@ -229,10 +232,13 @@ def test_device_loop_runs_until_the_guard_turns_false():
     x = torch.ones(4, device=device)
     graph.capture(4, x=x)
     assert graph.rung(4) == "device loop"
+    # The step's Python ran twice (the warm-up, then one capture whose graph the body holds 3 times).
+    assert graph.calls["n"] == 2
     count.zero_(), total.zero_()
     graph(4, x=x)  # one launch: trips of 3 steps while count < 10 -> 4 trips, 12 steps
     torch.cuda.synchronize()
     assert count.item() == 12
+    assert graph.calls["n"] == 2  # a launch runs no Python of the step
     assert total.tolist() == [float(sum(range(1, 13)))] * 4  # 1 + 2 + ... + 12, each step once
     graph(4, x=2 * x)  # the guard is false on entry: no step runs
     torch.cuda.synchronize()

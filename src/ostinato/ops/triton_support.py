@@ -147,13 +147,20 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
     return buf
 
 
+# What Triton 3.6's argument specializer (native code behind every binder) imports at its first call,
+# to tell tensor descriptors apart: Gluon among them, 0.15 s of a first tiny.en transcription on the
+# H100 machine (its installation has no bytecode for them, so they compile from source).
+SPECIALIZER_IMPORTS = ("triton.tools.tensor_descriptor", "triton.experimental.gluon.nvidia.hopper")
+
+
 def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragma: no cover - needs Triton and CUDA
     """Triton's once-per-process work before its first launch, even of a kernel in its on-disk cache:
     it hashes its own installation (libtriton, hundreds of MB: 0.35 s of a 1.4-s first tiny.en
     transcription on the H100 machine), asks ptxas for its version, parses each loaded kernel's
     source for its cache key and builds its argument binder. Best effort: whatever fails here
     happens at the first launch. ``runtime.preparation`` runs it on a helper thread of its own while
-    a model loads, and nothing launches a Triton kernel meanwhile. ``modules``: the model's kernel
+    a model loads, and nothing launches a Triton kernel meanwhile; it also imports what the binders'
+    first call would (``SPECIALIZER_IMPORTS``). ``modules``: the model's kernel
     modules, imported here first (with Triton) so that their kernels are among those prepared."""
     if not kernels_can_run(device):
         return
@@ -177,6 +184,8 @@ def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragm
         for kernel in _loaded_kernels():
             kernel.cache_key  # noqa: B018 - the source's dependency hash, kept on the kernel
             kernel.device_caches[index]  # its argument binder: generated Python, compiled (2 ms a kernel)
+        for name in SPECIALIZER_IMPORTS:
+            importlib.import_module(name)
         hashing.join()  # lru-cached: every later cache key reuses it
     except Exception as exc:  # noqa: BLE001 - only an early start; the first launch does it otherwise
         log.debug("Triton preparation in the background failed: %s", exc)

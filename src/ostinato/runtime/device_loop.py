@@ -4,14 +4,15 @@ No PyTorch this runtime supports can capture into a while node (``begin_capture_
 not in torch 2.11 or 2.13), so the loop is assembled from parts PyTorch does give, with the CUDA
 driver API through cuda-python (the ``cuda-bindings`` package):
 
-* PyTorch captures two ordinary graphs into the step graphs' shared memory pool and keeps them
+* PyTorch captures ordinary graphs into the step graphs' shared memory pool and keeps them
   un-instantiated (``CUDAGraph(keep_graph=True)``): the *head* (the guard's first look, then the
-  gate) and the *body* (the unrolled steps, the guard, then the gate);
+  gate) and the parts of the *body*, which run in a chain (one step's graph K times, then the
+  guard and the gate);
 * the gate is a one-thread kernel, compiled once per device with NVRTC, that sets the loop's
   conditional handle from the guard's flag, and bounds the number of trips so a guard that never
   turns false cannot hang the device; it also reads a flag in pinned host memory, so the host can
   end a running loop early (``stop_soon``: work that waits for the rows) without a CUDA call;
-* the parent graph is head -> WHILE(body), each embedded as a child-graph node; it is instantiated
+* the parent graph is head -> WHILE(body), each part embedded as a child-graph node; it is instantiated
   and launched with the driver API on PyTorch's current stream.
 
 PyTorch's graph objects stay alive with the loop: their pool memory is what the kernels address.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -127,9 +128,9 @@ def _add_node(driver, graph, dependencies, params):
 class DeviceLoop:
     """One while-loop: ``gate`` is launched inside the head and body captures, then ``assemble``.
 
-    Usage: create, capture the head (guard, then ``gate(flag, entering=True)``) and the body (steps,
-    guard, then ``gate(flag, entering=False)``) with PyTorch into graphs made with
-    ``keep_graph=True``, call ``assemble(head, body)``, then ``launch()`` per call.
+    Usage: create, capture the head (guard, then ``gate(flag, entering=True)``) and the body's parts
+    (steps; the guard, then ``gate(flag, entering=False)`` last) with PyTorch into graphs made with
+    ``keep_graph=True``, call ``assemble(head, parts)``, then ``launch()`` per call.
     """
 
     def __init__(self, device: torch.device, max_trips: int):
@@ -167,8 +168,9 @@ class DeviceLoop:
         stream = self.driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         _check(self.driver.cuLaunchKernel(self._function, 1, 1, 1, 1, 1, 1, 0, stream, ctypes.addressof(pointers), 0))
 
-    def assemble(self, head: "torch.cuda.CUDAGraph", body: "torch.cuda.CUDAGraph") -> None:
-        """Build head -> WHILE(body) from two captured PyTorch graphs and instantiate it."""
+    def assemble(self, head: "torch.cuda.CUDAGraph", body: Sequence["torch.cuda.CUDAGraph"]) -> None:
+        """Build head -> WHILE(body[0] -> body[1] -> ...) from captured PyTorch graphs and instantiate
+        it. A graph may appear in ``body`` more than once: each place gets its own copy."""
         driver = self.driver
         head_node = _check(driver.cuGraphAddChildGraphNode(
             self._graph, None, 0, driver.CUgraph(int(head.raw_cuda_graph()))))
@@ -180,9 +182,13 @@ class DeviceLoop:
         params.conditional.ctx = self._context
         _add_node(driver, self._graph, [head_node], params)
         body_graph = params.conditional.phGraph_out[0]
-        _check(driver.cuGraphAddChildGraphNode(body_graph, None, 0, driver.CUgraph(int(body.raw_cuda_graph()))))
+        previous = []
+        for part in body:
+            node = _check(driver.cuGraphAddChildGraphNode(
+                body_graph, previous or None, len(previous), driver.CUgraph(int(part.raw_cuda_graph()))))
+            previous = [node]
         self._exec = _check(driver.cuGraphInstantiate(self._graph, 0))
-        self._keep = [head, body]
+        self._keep = [head, *dict.fromkeys(body)]
 
     def launch(self) -> None:
         """Run the loop on the current stream (asynchronously, like a graph replay). A launch waits

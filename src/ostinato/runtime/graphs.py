@@ -13,11 +13,12 @@ values, no allocation that must outlive a replay). This module decides how it ru
 
 A call runs ``steps_per_replay`` steps (K): a captured graph holds K unrolled copies of the step,
 so the host launches once and may look at a done flag once per K steps. A step given a
-``loop_guard`` goes one rung higher: a device while-loop (``device_loop``) repeats the K steps
-until the guard turns false, so the host launches once per call and syncs only when the guard
-says there is something to look at. If capture fails (out of memory, an op that cannot be
-captured, a driver error) the bucket steps down the ladder with one warning: K unrolled steps, a
-graph of one step replayed K times, else eager execution; results stay correct.
+``loop_guard`` goes one rung higher: a device while-loop (``device_loop``) repeats the K steps (one
+step captured once, its graph copied K times into the loop's body) until the guard turns false, so
+the host launches once per call and syncs only when the guard says there is something to look at.
+If capture fails (out of memory, an op that cannot be captured, a driver error) the bucket steps
+down the ladder with one warning: K unrolled steps, a graph of one step replayed K times, else
+eager execution; results stay correct.
 """
 from __future__ import annotations
 
@@ -241,7 +242,11 @@ class StepGraph:
         return graph, outputs
 
     def _capture_loop(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int):
-        """head (guard, gate) -> WHILE(K steps, guard, gate), captured by PyTorch, joined by the driver."""
+        """head (guard, gate) -> WHILE(step x K, guard, gate): PyTorch captures the head, one step and
+        the tail (guard, gate); the driver joins them with the step's graph K times over. A capture
+        costs the Python that launches its kernels, so one step's worth instead of K (tiny.en's step
+        is ~45 Triton launches); the step reads and writes only the state, so its K copies are what K
+        captured steps would be."""
         self._warm_up(key, static, guarded=True)
         loop = device_loop.DeviceLoop(self.device, self.max_loop_trips)
         if self._pool is None:
@@ -249,11 +254,13 @@ class StepGraph:
         head = torch.cuda.CUDAGraph(keep_graph=True)
         with capturing(head, self._pool, self.device):
             loop.gate(self.loop_guard(key, True), entering=True)
-        body = torch.cuda.CUDAGraph(keep_graph=True)
-        with capturing(body, self._pool, self.device):
-            outputs = self._run(key, static, unrolled)
+        step = torch.cuda.CUDAGraph(keep_graph=True)
+        with capturing(step, self._pool, self.device):
+            outputs = self._run(key, static, 1)
+        tail = torch.cuda.CUDAGraph(keep_graph=True)
+        with capturing(tail, self._pool, self.device):
             loop.gate(self.loop_guard(key, False), entering=False)
-        loop.assemble(head, body)
+        loop.assemble(head, [step] * unrolled + [tail])
         torch.cuda.synchronize(self.device)
         return loop, outputs
 
