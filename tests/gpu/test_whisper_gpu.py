@@ -269,8 +269,11 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
     model.decoder.graph.step = counting
     tokens_of(model, noise(5.0), max_new_tokens=40)
     first = calls["n"]
-    # The warm-up runs and the K unrolled steps of the capture; every real step was a replay.
-    assert first == model.decoder.graph.warmup + model.decoder.steps_per_replay
+    # The warm-up runs and the capture: one step on the device loop (its body holds that step's graph
+    # K times), K unrolled steps on the rung below; every real step was a replay.
+    captured = 1 if model.decoder.graph.rung(model.decoder.graph.captured_keys()[0]) == "device loop" else \
+        model.decoder.steps_per_replay
+    assert first == model.decoder.graph.warmup + captured
     tokens_of(model, noise(8.0, 3), max_new_tokens=40)
     assert calls["n"] == first
     assert model.decoder.graph.captured_keys() == [GreedyKey(1)]
@@ -279,14 +282,20 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
 
 def test_triton_is_prepared_while_the_model_loads(data_dir):
     """In a fresh process, loading a model on CUDA leaves Triton's installation hash, every loaded
-    kernel's source key and argument binder made (a helper thread did them during the load), and no
-    kernel has been compiled or loaded yet: the first transcription finds that work done."""
+    kernel's source key and argument binder made (a helper thread did them during the load), what
+    the binders' first call imports imported, the device loop's gate compiled, and no kernel
+    compiled or loaded yet: the first transcription finds that work done."""
     code = (
         "import sys, torch, triton.runtime.cache as cache\n"
         "from triton.runtime.jit import JITFunction\n"
         "from ostinato import WhisperModel\n"
+        "from ostinato.ops.triton_support import SPECIALIZER_IMPORTS\n"
+        "from ostinato.runtime import device_loop\n"
         "assert cache.triton_key.cache_info().currsize == 0\n"
+        "assert not set(SPECIALIZER_IMPORTS) & set(sys.modules) and not device_loop._gates\n"
         f"model = WhisperModel({str(data_dir / RANDOM_CKPT)!r}, device='cuda', compute_type='float16')\n"
+        "assert set(SPECIALIZER_IMPORTS) <= set(sys.modules)\n"
+        "assert device_loop.unavailable_reason('cuda') or list(device_loop._gates) == [0]\n"
         "kernels = [v for n, m in list(sys.modules.items()) if n.startswith('ostinato.') and m\n"
         "           for v in vars(m).values() if isinstance(v, JITFunction)]\n"
         "print(cache.triton_key.cache_info().currsize, len(kernels), sum(k.hash is not None for k in kernels),\n"

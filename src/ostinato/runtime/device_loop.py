@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from typing import Dict, Optional, Sequence
 
 import torch
@@ -86,13 +87,20 @@ def unavailable_reason(device_type: str) -> Optional[str]:
 
 
 _gates: Dict[int, object] = {}
+_gates_lock = threading.Lock()
 
 
-def _gate_function(device: torch.device):
-    """The gate kernel for ``device``'s architecture, compiled on first use."""
+def compile_gate(device: torch.device):
+    """The gate kernel for ``device``'s architecture, compiled (NVRTC) and loaded on first use; a
+    model's load asks for it on a helper thread, the first loop's capture otherwise."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index in _gates:
+    with _gates_lock:
+        if index not in _gates:
+            _gates[index] = _compiled_gate(index)
         return _gates[index]
+
+
+def _compiled_gate(index: int):
     driver, nvrtc = _bindings()
     major, minor = torch.cuda.get_device_capability(index)
     program = _check(nvrtc.nvrtcCreateProgram(_GATE_SOURCE.encode(), b"ostinato_loop_gate.cu", 0, [], []))
@@ -113,7 +121,6 @@ def _gate_function(device: torch.device):
         torch.cuda.synchronize()  # a runtime call: makes PyTorch's (primary) context current here
         module = _check(driver.cuModuleLoadData(ctypes.addressof(image)))
         function = _check(driver.cuModuleGetFunction(module, _GATE_NAME))
-    _gates[index] = function
     return function
 
 
@@ -137,7 +144,7 @@ class DeviceLoop:
         self.driver, _ = _bindings()
         self.device = device
         self.max_trips = int(max_trips)
-        self._function = _gate_function(device)
+        self._function = compile_gate(device)
         self._graph = _check(self.driver.cuGraphCreate(0))
         self._exec = None
         torch.cuda.synchronize(device)  # binds PyTorch's context to this thread

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import triton_support
+from . import device_loop
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class Helper:
     def _load_libraries(self) -> None:
         try:
             load_cuda_libraries(self.device)
+            if device_loop.unavailable_reason(self.device.type) is None:
+                device_loop.compile_gate(self.device)  # NVRTC, 15-20 ms of the first capture of a loop
         except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise
             log.debug("loading CUDA's libraries in the background failed: %s", exc)
 
