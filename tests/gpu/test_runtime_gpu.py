@@ -193,6 +193,24 @@ def test_unrolled_steps_per_replay_and_ladder_step_down():
     assert state.tolist() == [4.0] * 4
 
 
+def test_capture_on_reuse_runs_a_key_eagerly_once_then_captures_it_without_a_warm_up():
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device, capture_on_reuse=True)
+    x = torch.randn(4, 16, device=device)
+    expected = torch.tanh(x @ weight)
+    graph(4, x=x)  # the first call of key 4: eager, nothing captured
+    assert calls["n"] == 1 and graph.mode(4) == "uncaptured"
+    graph(4, x=x)  # the second: captured (the eager call was its warm-up), then replayed
+    assert calls["n"] == 2 and graph.mode(4) == "graph"
+    graph(4, x=x)  # then replays only
+    torch.cuda.synchronize()
+    assert calls["n"] == 2
+    torch.testing.assert_close(acc[:4], 3 * expected)
+    graph(2, x=x[:2])  # another key: eager at its first call again
+    assert calls["n"] == 3 and graph.mode(2) == "uncaptured"
+
+
 def _counting_loop(device, target: int, slow: bool = False, **options):
     """A step that counts and accumulates; its guard keeps going while the count is under ``target``.
     ``slow``: each step also spins some 0.1 ms on the device."""

@@ -139,6 +139,11 @@ class StepGraph:
     after every K steps. On the while-loop rung a call runs until it returns False (or
     ``max_loop_trips`` trips); on the rungs below, a call runs K steps: callers must be right with
     either, e.g. by looking at their done flags after every call.
+
+    ``capture_on_reuse``: a key's first call runs eagerly, and the key is captured at its second
+    call, without a warm-up (the eager call was one): for work of many shapes, some met only once
+    (Whisper's prefill of the windows admitted together), whose captures would cost a first call
+    more than their replays save.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class StepGraph:
         steps_per_replay: int = 1,
         loop_guard: Optional[Callable[[Hashable, bool], torch.Tensor]] = None,
         max_loop_trips: int = 1024,
+        capture_on_reuse: bool = False,
     ):
         if steps_per_replay < 1:
             raise ValueError("steps_per_replay must be at least 1")
@@ -169,6 +175,8 @@ class StepGraph:
         self._eager_buckets: set = set()
         self._running_loop = None  # the device loop launched last, which stop_soon ends
         self._warmed = False  # the step has run warm-ups for some bucket: lazy setup is done
+        self.capture_on_reuse = bool(capture_on_reuse)
+        self._met: set = set()  # keys called once, eagerly (capture_on_reuse): captured at their next call
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -283,7 +291,10 @@ class StepGraph:
         """Run the step on a side stream; a host sync in it raises here, before any capture begins.
         ``warmup`` runs for the first bucket, one for each later one: the first run at a new shape
         does what a capture must not (kernel compiles and loads, library handles, allocations); more
-        runs only lengthen a first call (one run of large-v3's beam step is tens of ms of Python)."""
+        runs only lengthen a first call (one run of large-v3's beam step is tens of ms of Python).
+        A key met eagerly before (``capture_on_reuse``) has had its first run: none here."""
+        if key in self._met:
+            return
         side = side_stream(self.device, "graph warm-up")  # one for every capture (see side_stream)
         side.wait_stream(torch.cuda.current_stream(self.device))
         previous = torch.cuda.get_sync_debug_mode()
@@ -311,6 +322,9 @@ class StepGraph:
         if not self.use_graphs or key in self._eager_buckets:
             return self._run(key, inputs, self.steps_per_replay)
         entry = self._captured.get(key)
+        if entry is None and self.capture_on_reuse and key not in self._met:
+            self._met.add(key)
+            return self._run(key, inputs, self.steps_per_replay)
         if entry is None:
             self.capture(key, **inputs)
             entry = self._captured.get(key)

@@ -198,7 +198,9 @@ class WindowDecoder:
         # decoder pass over the prompt head); replayed, the same kernels cost one launch each.
         self._cross_graph = StepGraph(self._write_cross, device, use_graphs=use_graphs,
                                       name="whisper cross-attention K/V write")
-        self._prefill_graph = StepGraph(self._prefill_head, device, use_graphs=use_graphs, name="whisper prefill")
+        # Keys met once (16 windows admitted at a run's start, say) run eagerly: a capture costs a first call more.
+        self._prefill_graph = StepGraph(self._prefill_head, device, use_graphs=use_graphs, name="whisper prefill",
+                                        capture_on_reuse=True)
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
         self._snapshot_buffers = None  # pinned host copies of the rows collect reads (CUDA)
