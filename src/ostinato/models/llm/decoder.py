@@ -105,8 +105,9 @@ class LLMDecoder:
         if self.decode_loop == "device":
             options = dict(loop_guard=self._loop_guard,
                            max_loop_trips=math.ceil(max_new / self.steps_per_replay) + 2)
-        self.graph = StepGraph(self._steps, self.device, use_graphs=self.use_graphs and self.decode_loop != "eager",
-                               steps_per_replay=1, name="language model decode step", **options)
+        # K steps a call: a graph of K unrolled steps, or on the device loop one captured step K times a trip
+        self.graph = StepGraph(self.step, self.device, use_graphs=self.use_graphs and self.decode_loop != "eager",
+                               steps_per_replay=self.steps_per_replay, name="language model decode step", **options)
 
     # -- the step ----------------------------------------------------------------------------------
     def _loop_guard(self, key: GenerationKey, entering: bool) -> Tensor:
@@ -118,10 +119,6 @@ class LLMDecoder:
             torch.clamp(active - st["stop_after"], min=0, out=st["active_floor"])
             torch.add(st["steps"], st["every"], out=st["step_end"])
         return ((active > st["active_floor"]) & (st["steps"] < st["step_end"])).reshape(())
-
-    def _steps(self, key: GenerationKey) -> None:
-        for _ in range(self.steps_per_replay):
-            self.step(key)
 
     def step(self, key: GenerationKey) -> None:
         """One token for every active row of the first ``key.rows`` rows, written in place."""
