@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python bench/whisper_e2e.py --clips DIR [--model PATH] [--long PATH]
         [--batch-size 16] [--repeats 2] [--configs greedy-b16 defaults-b16 greedy-b1 words-b16 chunked-b16]
-        [--ttft-sizes tiny large-v3] [--steps-per-replay K] [--no-prime] [--device cuda] [--out DIR]
+        [--ttft-sizes tiny large-v3] [--steps-per-replay K] [--no-prime] [--no-pipeline | --pipeline-for NAME ...]
+        [--device cuda] [--out DIR]
 
 The audio is every clip in ``--clips`` (*.npy int16 or float32 samples, as dev/export_device_bundle.py
 writes them, or audio files) and one long recording (``--long``, else the clips end to end, repeated
@@ -398,6 +399,8 @@ def main(argv=None) -> None:
     parser.add_argument("--ttft-sizes", nargs="*", default=["tiny", "large-v3"],
                         help="'tiny' is --model; other names are random weights of that shape")
     parser.add_argument("--no-pipeline", action="store_true")
+    parser.add_argument("--pipeline-for", nargs="+", default=None, choices=list(CONFIGS),
+                        help="run the pipeline for these configurations only (default: every one)")
     parser.add_argument("--no-prime", action="store_true",
                         help="first runs with an empty Triton kernel cache (default: filled by an untimed run)")
     parser.add_argument("--steps-per-replay", type=int, default=None,
@@ -446,7 +449,8 @@ def main(argv=None) -> None:
     for name in args.configs:
         ours = spawn(args, "ours", name)
         peer_name = CONFIGS[name].get("pipeline_as", name)  # a configuration whose pipeline run is another's
-        if not args.no_pipeline and peer_name not in peers:
+        wanted = not args.no_pipeline and (args.pipeline_for is None or peer_name in args.pipeline_for)
+        if wanted and peer_name not in peers:
             peers[peer_name] = spawn(args, "pipeline", peer_name)
         peer = peers.get(peer_name, {})
         results[name] = dict(ours=ours, pipeline=peer)
