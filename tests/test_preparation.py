@@ -161,8 +161,23 @@ def test_work_the_block_adds_runs_on_a_helper_before_the_block_ends(recording_tr
     assert "no such kernel" in caplog.text
 
 
+def test_work_with_triton_runs_on_its_thread_once_it_is_prepared(recording_triton, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    calls = recording_triton
+
+    def preload(device):
+        calls.append(("preload", threading.current_thread().name))
+
+    with preparation.prepared_in_background(torch.device("cuda")) as helper:
+        helper.with_triton(preload)  # queued while Triton is still being prepared
+    assert ("preload", "ostinato-prepare-triton") in calls
+    on_triton = [name for name, thread in calls if thread == "ostinato-prepare-triton"]
+    assert on_triton.index("preload") > on_triton.index("cache_key")  # after its kernels' keys and binders
+
+
 def test_added_work_is_dropped_where_there_is_no_helper():
     ran = []
     with preparation.prepared_in_background(torch.device("cpu")) as helper:
         helper.also(ran.append)
+        helper.with_triton(ran.append)
     assert ran == []

@@ -28,6 +28,12 @@ def prefetch_disabled() -> bool:
     return _on("OSTINATO_NO_PREFETCH")
 
 
+def kernel_manifest_disabled() -> bool:
+    """OSTINATO_NO_KERNEL_MANIFEST=1: a model's load does not bring back the Triton kernels its earlier
+    processes launched, nor record them (``ops.kernel_manifest``; default: it does, on CUDA)."""
+    return _on("OSTINATO_NO_KERNEL_MANIFEST")
+
+
 def triton_interpreter() -> bool:
     """TRITON_INTERPRET=1 (Triton's own switch): kernels run on the CPU interpreter, for tests."""
     return _on("TRITON_INTERPRET")

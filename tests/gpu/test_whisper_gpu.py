@@ -280,6 +280,15 @@ def test_graph_captured_once_and_state_stays_put(data_dir):
     assert model.decoder.state.addresses() == addresses
 
 
+def in_a_fresh_process(code: str, **env) -> str:
+    """``code`` run by a new Python with ostinato's source on its path; its standard output."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]), **env)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 def test_triton_is_prepared_while_the_model_loads(data_dir):
     """In a fresh process, loading a model on CUDA leaves Triton's installation hash, every loaded
     kernel's source key and argument binder made (a helper thread did them during the load), what
@@ -302,13 +311,38 @@ def test_triton_is_prepared_while_the_model_loads(data_dir):
         "      sum(len(k.device_caches) == 1 for k in kernels),\n"
         "      sum(len(v[0]) for k in kernels for v in k.device_caches.values()))\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    keyed, kernels, hashed, bound, compiled = map(int, out.stdout.split())
-    assert keyed == 1 and kernels >= 5 and hashed == kernels == bound and compiled == 0, out.stdout
+    # without the kernel manifest: an earlier process's kernels would be loaded back by the load
+    printed = in_a_fresh_process(code, OSTINATO_NO_KERNEL_MANIFEST="1")
+    keyed, kernels, hashed, bound, compiled = map(int, printed.split())
+    assert keyed == 1 and kernels >= 5 and hashed == kernels == bound and compiled == 0, printed
+
+
+def test_a_second_process_brings_back_the_kernels_the_first_launched(random_tiny_checkpoint):
+    """ops.kernel_manifest across processes: the first records the Triton specializations its
+    transcription launched; the next load of the same model loads them from Triton's cache before
+    anything launches, and the same transcription then needs no other, with the same tokens."""
+    from ostinato.models.whisper.loaders import load_checkpoint
+    from ostinato.ops import kernel_manifest
+
+    dims = load_checkpoint(str(random_tiny_checkpoint)).dims
+    path = kernel_manifest.manifest_path(kernel_manifest.manifest_name("whisper", dims.to_dict(), torch.float16))
+    path.unlink(missing_ok=True)  # a fresh start for this model's manifest (it is only a cache)
+    code = (
+        "import json, numpy as np, torch\n"
+        "from ostinato import WhisperModel\n"
+        "from ostinato.ops import triton_support\n"
+        f"model = WhisperModel({str(random_tiny_checkpoint)!r}, device='cuda', compute_type='float16')\n"
+        "count = lambda: sum(len(c[0]) for k in triton_support.loaded_kernels() for c in k.device_caches.values())\n"
+        "after_load = count()\n"
+        "audio = (0.1 * np.random.default_rng(0).standard_normal(16000 * 8)).astype(np.float32)\n"
+        "segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, max_new_tokens=20)\n"
+        "print(json.dumps([after_load, count(), [t for s in segments for t in s.tokens]]))\n"
+    )
+    runs = [json.loads(in_a_fresh_process(code).strip().splitlines()[-1]) for _ in range(2)]
+    (first_load, first_after, first_tokens), (second_load, second_after, second_tokens) = runs
+    assert first_after > first_load and path.is_file()
+    assert second_load == first_after == second_after  # all back at the load; nothing new at the launch
+    assert second_tokens == first_tokens
 
 
 def test_one_copy_of_weights_and_memory_report(data_dir):

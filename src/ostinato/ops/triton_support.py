@@ -181,7 +181,7 @@ def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragm
             index = driver.active.get_current_device()
         backend.hash()  # ptxas --version, cached
         backend.parse_options({}).hash()  # the PTX version, libdevice's hash
-        for kernel in _loaded_kernels():
+        for kernel in loaded_kernels():
             kernel.cache_key  # noqa: B018 - the source's dependency hash, kept on the kernel
             kernel.device_caches[index]  # its argument binder: generated Python, compiled (2 ms a kernel)
         for name in SPECIALIZER_IMPORTS:
@@ -198,7 +198,7 @@ def _quietly(work) -> None:
         log.debug("Triton preparation in the background failed: %s", exc)
 
 
-def _loaded_kernels():
+def loaded_kernels():
     """ostinato's Triton kernels in the modules imported so far."""
     from triton.runtime.jit import JITFunction
 

@@ -12,7 +12,8 @@ loading PyTorch's kernels for its features and encoder (each kernel family's fir
 
 Three threads, each its own piece: Triton's preparation (its import, the model's kernel modules and
 their keys; hashing Triton's installation, file reads and hashlib that let go of the GIL, on a
-fourth beside them), CUDA's libraries, and the model's work as it is queued. On one
+fourth beside them; then what the model queues with ``with_triton``, e.g. the kernels its earlier
+processes launched, ``ops.kernel_manifest``), CUDA's libraries, and the model's work as it is queued. On one
 thread the helper outlasted tiny.en's load (H100: helper 1.2-1.4 s, weights on the device at
 0.8 s), and each piece of model work added its own time to the load: +0.2-0.4 s for the features'
 and encoder's. Apart, the load took 1.07-1.17 s with them and 1.10-1.17 s without, and the first
@@ -39,14 +40,17 @@ PREPARE_WAIT_S = 60.0  # the longest a model's load waits for the helpers (norma
 
 
 class Helper:
-    """The helper threads; ``also(work)`` queues ``work(device)`` on one of its own (no-op
-    where there are no helpers). Best effort: a failure is logged at debug level, as the first call
-    would have paid the same once more."""
+    """The helper threads; ``also(work)`` queues ``work(device)`` on one of its own, and
+    ``with_triton(work)`` on the Triton thread once Triton is prepared (work that touches Triton's
+    kernels, which nothing else may while it prepares them); both no-ops where there are no helpers.
+    Best effort: a failure is logged at debug level, as the first call would have paid the same once
+    more."""
 
     def __init__(self, device: torch.device, start: bool, kernel_modules: Sequence[str] = ()):
         self.device = device
         self.kernel_modules = tuple(kernel_modules)
         self._work: "queue.Queue[Optional[Callable]]" = queue.Queue()
+        self._triton_work: "queue.Queue[Optional[Callable]]" = queue.Queue()
         self.threads: List[threading.Thread] = []
         if start:
             self.threads = [threading.Thread(target=target, name=name, daemon=True) for target, name in (
@@ -59,8 +63,25 @@ class Helper:
         if self.threads:
             self._work.put(work)
 
+    def with_triton(self, work: Callable[[torch.device], None]) -> None:
+        if self.threads:
+            self._triton_work.put(work)
+
     def _prepare_triton(self) -> None:
         triton_support.prepare(self.device, self.kernel_modules)
+        self._drain(self._triton_work, "Triton")
+
+    def _drain(self, work_queue: "queue.Queue[Optional[Callable]]", label: str) -> None:
+        while True:
+            work = work_queue.get()
+            if work is None:
+                return
+            try:
+                with torch.cuda.device(self.device), torch.inference_mode():
+                    work(self.device)
+                    torch.cuda.synchronize(self.device)
+            except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise
+                log.debug("%s work %r in the background failed: %s", label, work, exc)
 
     def _load_libraries(self) -> None:
         try:
@@ -71,21 +92,13 @@ class Helper:
             log.debug("loading CUDA's libraries in the background failed: %s", exc)
 
     def _run(self) -> None:
-        while True:
-            work = self._work.get()
-            if work is None:
-                return
-            try:
-                with torch.cuda.device(self.device), torch.inference_mode():
-                    work(self.device)
-                    torch.cuda.synchronize(self.device)
-            except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise
-                log.debug("first-call work %r in the background failed: %s", work, exc)
+        self._drain(self._work, "first-call")
 
     def finish(self) -> None:
         if not self.threads:
             return
         self._work.put(None)
+        self._triton_work.put(None)
         deadline = time.monotonic() + PREPARE_WAIT_S
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -13,6 +13,7 @@ from ...audio import load_audio, whisper_input_features
 from ...audio.decode import SAMPLE_RATE
 from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
+from ...ops import kernel_manifest
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
     StepGraph, buckets_up_to, host_tensor_to_device, memory_report, place_module, resolve_decode_loop,
@@ -102,6 +103,9 @@ class WhisperModel:
             self.dims = checkpoint.dims
             self.steps_per_replay = steps_per_replay or default_steps_per_replay(self.dims.n_text_layer)
             self.model_path = checkpoint.path
+            # The Triton kernels this model's earlier processes launched, loaded from Triton's cache now.
+            helper.with_triton(functools.partial(
+                kernel_manifest.resume, kernel_manifest.manifest_name("whisper", self.dims.to_dict(), self.dtype)))
             helper.also(functools.partial(_spectrogram_of_silence, self.dims.n_mels))
             try:
                 whisper = Whisper.from_state_dict(checkpoint.dims, checkpoint.state_dict)
