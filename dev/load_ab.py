@@ -1,13 +1,15 @@
 """A fresh process's load and first transcript, with the load's helper thread on a timeline (issue 16).
 
-    PYTHONPATH=src:dev python dev/load_ab.py [--model PATH | --size tiny] --clips DIR [--no-first-uses] [--greedy] [--steps-per-replay K] [--kernels-at-import]
+    PYTHONPATH=src:dev python dev/load_ab.py [--model PATH | --size tiny] --clips DIR [--no-first-uses] [--greedy]
+        [--steps-per-replay K] [--kernels-at-import] [--no-kernel-manifest]
 
 Prints, in seconds from the start of the load: when the helpers' preparation (Triton's, CUDA's
 libraries) ended, when each piece of work the model queued on it (``Helper.also``) ended, when the
 main thread had the weights on the device, and when the load returned; then the first transcribe
 of 15 s of bench/whisper_e2e.py's long recording (the defaults, as its time-to-first-transcript
 table; ``--greedy``: greedy) and the same again. ``--no-first-uses`` drops the model's queued work
-(the A/B: run both in turn, each a fresh process, on one machine).
+(the A/B: run both in turn, each a fresh process, on one machine); ``--no-kernel-manifest`` likewise
+for the kernels a load brings back from earlier processes (``ops.kernel_manifest``).
 """
 from __future__ import annotations
 
@@ -30,7 +32,13 @@ def main() -> None:
                         help="import Triton and the model's kernel modules with ostinato, as before f0b7684")
     parser.add_argument("--steps-per-replay", type=int, default=None, help="default: the model's own choice")
     parser.add_argument("--skip", nargs="*", default=[], help="names of queued work to drop (e.g. _encode_silence)")
+    parser.add_argument("--no-kernel-manifest", action="store_true",
+                        help="the load brings back no kernels of earlier processes (OSTINATO_NO_KERNEL_MANIFEST=1)")
     args = parser.parse_args()
+    if args.no_kernel_manifest:
+        import os
+
+        os.environ["OSTINATO_NO_KERNEL_MANIFEST"] = "1"
     t0 = time.perf_counter()
     import torch
 
@@ -58,6 +66,16 @@ def main() -> None:
         return run
 
     triton_support.prepare = timed("helper: Triton's preparation", triton_support.prepare)
+    from ostinato.ops import kernel_manifest
+
+    preload = kernel_manifest.preload
+
+    def counted_preload(name, device):
+        count = preload(name, device)
+        marks.append((f"helper: {count} kernels of earlier processes preloaded", time.perf_counter()))
+        return count
+
+    kernel_manifest.preload = counted_preload
     preparation.load_cuda_libraries = timed("helper: CUDA's libraries", preparation.load_cuda_libraries)
     if args.no_first_uses:
         preparation.Helper.also = lambda self, work: None
