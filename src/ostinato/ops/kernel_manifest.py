@@ -8,8 +8,10 @@ launched: Triton's own serialized form of each, through its post-compile hook (`
 a manifest inside Triton's cache folder (wiped with it) when the process ends. The next load of a
 model of that name brings them back on its Triton helper thread before anything launches
 (``preload``: ``JITFunction.preload``, then the device load), beside the weights' read, for at
-most ``PRELOAD_BUDGET_S``. Only kernels whose compiled files are in the cache come back, so a load
-never compiles; anything that fails is left to the first launch, as before.
+most ``PRELOAD_BUDGET_S``. Only kernels whose compiled files are in the cache and that were built
+from the same kernel source, Triton and device come back, so a load does not compile (a changed
+CUDA toolchain under the same Triton would still compile one there instead of at its first launch);
+anything that fails is left to the first launch, as before.
 ``OSTINATO_NO_KERNEL_MANIFEST=1`` switches it off.
 """
 from __future__ import annotations
