@@ -13,10 +13,10 @@ loading PyTorch's kernels for its features and encoder (each kernel family's fir
 Three threads, each its own piece: Triton's preparation (its import, the model's kernel modules and
 their keys; hashing Triton's installation, file reads and hashlib that let go of the GIL, on a
 fourth beside them; then what the model queues with ``with_triton``, e.g. the kernels its earlier
-processes launched, ``ops.kernel_manifest``), CUDA's libraries, and the model's work as it is queued. On one
-thread the helper outlasted tiny.en's load (H100: helper 1.2-1.4 s, weights on the device at
-0.8 s), and each piece of model work added its own time to the load: +0.2-0.4 s for the features'
-and encoder's. Apart, the load took 1.07-1.17 s with them and 1.10-1.17 s without, and the first
+processes launched, ``ops.kernel_manifest``), CUDA's libraries, and the model's work as it is
+queued. On one thread the helper outlasted tiny.en's load (H100: helper 1.2-1.4 s, weights on the
+device at 0.8 s), and each piece of model work added its own time to the load: +0.2-0.4 s for the
+features' and encoder's. Apart, the load took 1.07-1.17 s with them and 1.10-1.17 s without, and the first
 transcription of a random tiny 0.2 s less (dev/load_ab.py, three rounds).
 """
 from __future__ import annotations
