@@ -322,6 +322,35 @@ def test_host_values_reach_the_device_without_waiting_for_queued_work():
     assert got.tolist() == [[1.5, 2.0], [3.0, 4.25]]
 
 
+def test_uploads_go_through_one_pinned_ring_and_wait_for_nothing():
+    """runtime.pinned_ring: uploads queued behind a long kernel are staged copies in spans of the
+    ring (the host tensor may change at once), fill it, and are refused when it is full (the caller
+    pins them otherwise: no wait); once the copies ran, the spans serve again. Any dtype and shape."""
+    from ostinato.runtime import pinned_ring
+
+    device = torch.device("cuda")
+    ring = pinned_ring.PinnedRing(device, capacity=4096)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # the copies below queue behind it
+    values = [torch.arange(i, i + 256, dtype=torch.float32) for i in range(4)]  # 1 KiB each
+    expected = [v.tolist() for v in values]
+    outs = [ring.upload(v) for v in values]
+    for v in values:
+        v.zero_()  # staged: the uploads already hold their own copies
+    assert all(out is not None for out in outs)
+    assert ring.upload(torch.ones(8)) is None  # every span busy while the copies wait
+    assert ring.upload(torch.ones(1024)) is None  # over half the ring: never through it
+    torch.cuda.synchronize()
+    assert [out.cpu().tolist() for out in outs] == expected
+    mixed = [torch.tensor([[1, -2], [3, 4]]), torch.tensor([True, False, True]), torch.arange(6.0).view(2, 3).t()]
+    for value in mixed:
+        out = ring.upload(value)
+        assert out is not None and out.device.type == "cuda" and out.dtype == value.dtype
+        assert torch.equal(out.cpu(), value)
+    big = torch.randn(pinned_ring.CAPACITY // 4 + 1)  # over half the process's ring: pinned as before
+    assert torch.equal(pinned_ring.upload(big, device).cpu(), big)
+
+
 def test_device_loop_stops_soon_when_the_host_asks():
     """A loop whose guard never turns false runs to its trip limit; asked from the host while it
     runs, it ends after the trip under way (at least one), and the next launch runs in full again."""

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import triton_support
-from . import device_loop
+from . import device_loop, pinned_ring
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class Helper:
     def _load_libraries(self) -> None:
         try:
             load_cuda_libraries(self.device)
+            pinned_ring.reserve(self.device)  # pinned once here, not block by block in the first call
             if device_loop.unavailable_reason(self.device.type) is None:
                 device_loop.compile_gate(self.device)  # NVRTC, 15-20 ms of the first capture of a loop
         except Exception as exc:  # noqa: BLE001 - only an early start; the first call does it otherwise

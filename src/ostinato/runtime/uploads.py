@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import pinned_ring
 from .device import side_stream
 
 
@@ -33,13 +34,13 @@ def host_values_to_device(values: Sequence, device: torch.device, dtype: torch.d
 
 
 def host_tensor_to_device(tensor: Tensor, device) -> Tensor:
-    """``tensor`` on ``device``; from the host to a GPU through pinned memory, so the call returns
-    without waiting for the work queued on the current stream (a copy from pageable memory waits for
-    it). The copy is ordered on the current stream like any other work."""
+    """``tensor`` on ``device``; from the host to a GPU through pinned memory (``pinned_ring``), so the
+    call returns without waiting for the work queued on the current stream (a copy from pageable
+    memory waits for it). The copy is ordered on the current stream like any other work."""
     device = torch.device(device)
     if device.type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    return pinned_ring.upload(tensor, device)
 
 
 def upload_batches(batches: Iterable[Sequence[np.ndarray]], device: torch.device, ahead: int = 2,
