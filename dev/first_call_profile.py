@@ -1,7 +1,7 @@
 """Where a fresh process's first transcription spends its time (issue 16: first run vs warm).
 
     PYTHONPATH=src python dev/first_call_profile.py [--size tiny|large-v3] [--model PATH] [--batch 1]
-        [--seconds 15] [--top 40] [--steps-per-replay K] [--clips DIR [--long-seconds 377]] [--defaults]
+        [--seconds 15] [--top 40] [--steps-per-replay K] [--clips DIR [--long-seconds 377]] [--defaults | --config NAME]
 
 Loads a checkpoint (``--model``, else random weights of ``--size``), then transcribes ``--batch``
 copies of a synthetic clip twice: the first call under cProfile, the second timed warm. Prints each
@@ -9,7 +9,8 @@ CUDA graph capture (graph name, bucket key, seconds: warm-ups included), each Tr
 cache load, and the profile's heaviest functions by cumulative and own time. Run it twice with
 the same ``TRITON_CACHE_DIR`` to see the cache-warm case. ``--clips``: instead of the synthetic clip,
 bench/whisper_e2e.py's audio (the clips and a long recording made of them); ``--defaults``: the
-default options (beam 5, temperature fallback) instead of greedy. Also prints where the captures'
+default options (beam 5, temperature fallback) instead of greedy; ``--config``: the options and batch
+size of one of bench/whisper_e2e.py's configurations (chunked-b16: VAD chunks side by side). Also prints where the captures'
 time went (warm-ups, capture begin/end, the device loop's assembly, synchronizations, cache
 emptying, garbage collection), each timed on the wall clock outside cProfile's accounting;
 ``--torch-capture`` captures inside ``torch.cuda.graph`` instead of ``runtime.graphs.capturing``
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--clips", default=None, help="bench/whisper_e2e.py's audio from these clips")
     parser.add_argument("--long-seconds", type=float, default=377.0)
     parser.add_argument("--defaults", action="store_true", help="beam 5 with the fallback, not greedy")
+    parser.add_argument("--config", default=None, help="options and batch of a bench/whisper_e2e.py configuration")
     parser.add_argument("--torch-capture", action="store_true", help="capture inside torch.cuda.graph")
     args = parser.parse_args()
 
@@ -139,6 +141,12 @@ def main() -> None:
     t_load = time.perf_counter() - begin
     at_load = compiles[:]  # the kernel manifest's preload (ops.kernel_manifest)
     del compiles[:]
+    options = {} if args.defaults else dict(beam_size=1, temperature=0.0)
+    if args.config:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+        from whisper_e2e import CONFIGS
+
+        options, args.batch = CONFIGS[args.config]["options"], CONFIGS[args.config]["batch"]
     if args.clips:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
         from whisper_e2e import audio_set
@@ -152,7 +160,6 @@ def main() -> None:
                 0.01 * rng.standard_normal(t.shape)).astype(np.float32)
         audios = [clip] * args.batch
         what = f"{args.batch} x a {args.seconds:.0f} s clip"
-    options = {} if args.defaults else dict(beam_size=1, temperature=0.0)
 
     def transcribe():
         if args.batch == 1:
@@ -175,7 +182,7 @@ def main() -> None:
     transcribe()
     t_warm = time.perf_counter() - begin
     print(f"model {args.model or 'random ' + args.size}, batch {args.batch}, {what}, "
-          f"{'defaults' if args.defaults else 'greedy'}, "
+          f"{args.config or ('defaults' if args.defaults else 'greedy')}, "
           f"{model.steps_per_replay} steps per replay, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     print(f"import torch {t_torch:.2f} s, import ostinato {t_import:.2f} s, load {t_load:.2f} s, "
