@@ -277,11 +277,7 @@ class TorchSilero:
         import torch
 
         self.device = torch.device(device)
-        with warnings.catch_warnings():  # TorchScript is deprecated in recent PyTorch; loading still works
-            warnings.simplefilter("ignore", DeprecationWarning)
-            scripted = torch.jit.load(str(path), map_location="cpu")
-        weights = {k[len("_model."):]: v for k, v in scripted.state_dict().items() if k.startswith("_model.")}
-        del scripted
+        weights = _silero_weights(path)
         take = lambda name: weights[name].to(self.device, torch.float32)  # noqa: E731
         self.basis = take("stft.forward_basis_buffer")  # [2 * 129, 1, 256]: real and imaginary rows
         self.convs = [(take(f"encoder.{i}.reparam_conv.weight"), take(f"encoder.{i}.reparam_conv.bias"), stride)
@@ -333,6 +329,33 @@ class TorchSilero:
             hidden = torch.cat(pieces)
             probs = torch.sigmoid(F.conv1d(F.relu(hidden[:, 0])[:, :, None], self.out_weight, self.out_bias))
             return probs.reshape(-1).float().cpu().numpy()
+
+
+def _silero_weights(path: Path) -> dict:
+    """The 16-kHz network's tensors from silero-vad's TorchScript file, by name under ``_model.``:
+    read from the archive (9 ms), or through ``torch.jit.load`` (64-74 ms, which compiles the file's
+    code) if the archive holds what the reader does not know."""
+    import torch
+
+    from .torchscript_weights import read_tensors
+
+    try:
+        tensors = read_tensors(path)
+        if all(f"_model.{name}" in tensors for name in _SILERO_TENSORS):
+            return {k[len("_model."):]: v for k, v in tensors.items() if k.startswith("_model.")}
+        log.debug("%s lacks some of the VAD's tensors: loading it with torch.jit", path)
+    except Exception as exc:  # noqa: BLE001 - torch.jit reads any archive it wrote
+        log.debug("reading %s without torch.jit failed (%s): loading it with torch.jit", path, exc)
+    with warnings.catch_warnings():  # TorchScript is deprecated in recent PyTorch; loading still works
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.load(str(path), map_location="cpu")
+    return {k[len("_model."):]: v for k, v in scripted.state_dict().items() if k.startswith("_model.")}
+
+
+_SILERO_TENSORS = ("stft.forward_basis_buffer",
+                   *(f"encoder.{i}.reparam_conv.{w}" for i in range(4) for w in ("weight", "bias")),
+                   "decoder.rnn.weight_ih", "decoder.rnn.weight_hh", "decoder.rnn.bias_ih", "decoder.rnn.bias_hh",
+                   "decoder.decoder.2.weight", "decoder.decoder.2.bias")
 
 
 def resolve_backend(backend: str, device) -> str:
