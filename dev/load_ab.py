@@ -66,6 +66,10 @@ def main() -> None:
         return run
 
     triton_support.prepare = timed("helper: Triton's preparation", triton_support.prepare)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="  %(message)s")  # prepare's own split of its time
+    logging.getLogger(triton_support.__name__).setLevel(logging.DEBUG)
     from ostinato.ops import kernel_manifest
 
     preload = kernel_manifest.preload

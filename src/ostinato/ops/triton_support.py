@@ -22,6 +22,7 @@ import importlib
 import logging
 import sys
 import threading
+import time
 from typing import Optional, Sequence
 
 import torch
@@ -164,15 +165,18 @@ def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragm
     modules, imported here first (with Triton) so that their kernels are among those prepared."""
     if not kernels_can_run(device):
         return
+    marks = [("start", time.perf_counter())]  # a debug line says where the time went (dev/load_ab.py prints it)
     try:
         from triton.runtime.cache import triton_key
 
+        marks.append(("import triton", time.perf_counter()))
         # The installation's hash is file reads and hashlib, which let go of the GIL: it runs on a
         # thread of its own beside the imports and the kernels' keys, which hold it.
         hashing = threading.Thread(target=_quietly, args=(triton_key,), name="ostinato-triton-key", daemon=True)
         hashing.start()
         for name in modules:
             importlib.import_module(name)
+        marks.append(("kernel modules", time.perf_counter()))
         from triton.compiler.compiler import make_backend
         from triton.runtime import driver
 
@@ -181,12 +185,18 @@ def prepare(device: torch.device, modules: Sequence[str] = ()) -> None:  # pragm
             index = driver.active.get_current_device()
         backend.hash()  # ptxas --version, cached
         backend.parse_options({}).hash()  # the PTX version, libdevice's hash
+        marks.append(("backend", time.perf_counter()))
         for kernel in loaded_kernels():
             kernel.cache_key  # noqa: B018 - the source's dependency hash, kept on the kernel
             kernel.device_caches[index]  # its argument binder: generated Python, compiled (2 ms a kernel)
+        marks.append(("keys and binders", time.perf_counter()))
         for name in SPECIALIZER_IMPORTS:
             importlib.import_module(name)
+        marks.append(("specializer imports", time.perf_counter()))
         hashing.join()  # lru-cached: every later cache key reuses it
+        marks.append(("waiting for the installation's hash", time.perf_counter()))
+        log.debug("Triton prepared in %.3f s: %s", marks[-1][1] - marks[0][1],
+                  ", ".join(f"{label} {end - begin:.3f}" for (_, begin), (label, end) in zip(marks, marks[1:])))
     except Exception as exc:  # noqa: BLE001 - only an early start; the first launch does it otherwise
         log.debug("Triton preparation in the background failed: %s", exc)
 
