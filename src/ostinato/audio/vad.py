@@ -341,15 +341,17 @@ def _silero_weights(path: Path) -> dict:
 
     try:
         tensors = read_tensors(path)
-        if all(f"_model.{name}" in tensors for name in _SILERO_TENSORS):
-            return {k[len("_model."):]: v for k, v in tensors.items() if k.startswith("_model.")}
-        log.debug("%s lacks some of the VAD's tensors: loading it with torch.jit", path)
+        if not all(f"_model.{name}" in tensors for name in _SILERO_TENSORS):
+            log.debug("%s lacks some of the VAD's tensors: loading it with torch.jit", path)
+            tensors = None
     except Exception as exc:  # noqa: BLE001 - torch.jit reads any archive it wrote
         log.debug("reading %s without torch.jit failed (%s): loading it with torch.jit", path, exc)
-    with warnings.catch_warnings():  # TorchScript is deprecated in recent PyTorch; loading still works
-        warnings.simplefilter("ignore", DeprecationWarning)
-        scripted = torch.jit.load(str(path), map_location="cpu")
-    return {k[len("_model."):]: v for k, v in scripted.state_dict().items() if k.startswith("_model.")}
+        tensors = None
+    if tensors is None:
+        with warnings.catch_warnings():  # TorchScript is deprecated in recent PyTorch; loading still works
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tensors = torch.jit.load(str(path), map_location="cpu").state_dict()
+    return {k[len("_model."):]: v for k, v in tensors.items() if k.startswith("_model.")}
 
 
 _SILERO_TENSORS = ("stft.forward_basis_buffer",
