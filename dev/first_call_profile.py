@@ -10,9 +10,10 @@ cache load, and the profile's heaviest functions by cumulative and own time. Run
 the same ``TRITON_CACHE_DIR`` to see the cache-warm case. ``--clips``: instead of the synthetic clip,
 bench/whisper_e2e.py's audio (the clips and a long recording made of them); ``--defaults``: the
 default options (beam 5, temperature fallback) instead of greedy; ``--config``: the options and batch
-size of one of bench/whisper_e2e.py's configurations (chunked-b16: VAD chunks side by side). Also prints where the captures'
-time went (warm-ups, capture begin/end, the device loop's assembly, synchronizations, cache
-emptying, garbage collection), each timed on the wall clock outside cProfile's accounting;
+size of one of bench/whisper_e2e.py's configurations (chunked-b16: VAD chunks side by side). Also
+prints where the captures' time went (warm-ups, capture begin/end, the device loop's assembly,
+synchronizations, cache emptying, garbage collection), each timed on the wall clock outside
+cProfile's accounting;
 ``--torch-capture`` captures inside ``torch.cuda.graph`` instead of ``runtime.graphs.capturing``
 (what it synchronizes and empties before each capture, for an A/B in two processes).
 """
@@ -142,13 +143,12 @@ def main() -> None:
     at_load = compiles[:]  # the kernel manifest's preload (ops.kernel_manifest)
     del compiles[:]
     options = {} if args.defaults else dict(beam_size=1, temperature=0.0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # whisper_e2e's configurations, audio
     if args.config:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
         from whisper_e2e import CONFIGS
 
         options, args.batch = CONFIGS[args.config]["options"], CONFIGS[args.config]["batch"]
     if args.clips:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
         from whisper_e2e import audio_set
 
         audios = audio_set(args.clips, long_seconds=args.long_seconds)
