@@ -195,3 +195,23 @@ def test_a_run_that_cannot_admit_while_advancing_is_left_alone():
     assert scheduler.ready  # a run without the property never makes collect wait
     scheduler.collect()
     assert scheduler.admit() == 1
+
+
+def test_the_queue_is_served_highest_priority_first_in_arrival_order_among_equals():
+    log = []
+    scheduler = _scheduler(1, log)
+    for steps, priority in ((1, 0.0), (2, 5.0), (3, 0.0), (4, 9.0), (5, 5.0)):
+        scheduler.submit("k", steps, lambda r, e: None, priority=priority)
+    scheduler.run_until_idle()
+    assert [entry[2] for entry in log if entry[0] == "admit"] == [[4], [2], [5], [1], [3]]
+
+
+def test_a_later_request_of_higher_priority_takes_the_next_free_row():
+    log = []
+    scheduler = _scheduler(1, log)
+    scheduler.submit("k", 2, lambda r, e: None)
+    scheduler.submit("k", 1, lambda r, e: None)
+    scheduler.step()  # the first is in the row, the second waits
+    scheduler.submit("k", 3, lambda r, e: None, priority=1.0)
+    scheduler.run_until_idle()
+    assert [entry[2] for entry in log if entry[0] == "admit"] == [[2], [3], [1]]

@@ -289,10 +289,11 @@ def test_a_window_joins_the_stepping_rows_only_once_its_encoder_pass_is_through(
 
 def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_windows(model, data_dir, monkeypatch):
     """With graphs, a run's own graph (its rows) is captured when it opens, and a smaller bucket's
-    when windows come to a run with no row in use (a capture resets the rows); an advance replays
-    the smallest captured bucket that holds every busy window, so one audio alone on an engine of
-    four rows steps one row. On the CPU a stand-in records what would be captured and replayed and
-    runs the eager step for the key it is given."""
+    the second time windows that fit it come to a run with no row in use (a capture resets the
+    rows; the first time, the run's graph steps them); an advance replays the smallest captured
+    bucket that holds every busy window, so one audio alone on an engine of four rows steps one row
+    from the second lone audio on. On the CPU a stand-in records what would be captured and
+    replayed and runs the eager step for the key it is given."""
     engine = model.engine(batch_size=4, max_search=1)
     real = engine._decoder.graph
 
@@ -319,9 +320,14 @@ def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_wind
     monkeypatch.setattr(engine._decoder, "graph", recorder)
     engine.start()
     alone = _clip(data_dir, "c01_hello_short.flac")
+    first, _ = engine.submit(alone, TranscribeOptions(**GREEDY)).result(timeout=120)
+    assert [k.rows for k in recorder.captured] == [4]  # the run's own; one row is met for the first time
+    assert {k.rows for k in recorder.replayed} == {4}
+    first_replays = len(recorder.replayed)
     segments, _ = engine.submit(alone, TranscribeOptions(**GREEDY)).result(timeout=120)
-    assert [k.rows for k in recorder.captured] == [4, 1]  # the run's own, then one row for the lone audio
-    assert {k.rows for k in recorder.replayed} == {1}
+    assert [k.rows for k in recorder.captured] == [4, 1]  # met again: one row for the lone audio
+    assert {k.rows for k in recorder.replayed[first_replays:]} == {1}
+    assert _texts(first) == _texts(segments)
     lone_replays = len(recorder.replayed)
     names = ("c02_numbers.flac", "c01_hello_short.flac", "c17_cut_two_windows.flac")
     jobs = [engine.submit(_clip(data_dir, n), TranscribeOptions(**GREEDY)) for n in names]
@@ -333,3 +339,37 @@ def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_wind
     later = recorder.replayed[lone_replays:]
     assert all(k in recorder.captured for k in recorder.replayed)
     assert 4 in {k.rows for k in later}  # several windows at once: the run's bucket
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_the_longest_audio_goes_first_on_a_batch_engine(model, data_dir, critical_path_first):
+    """transcribe_batch's engine serves first the audio with the most audio ahead of it (a long
+    recording's windows follow one another: the batch ends when they do); a server's keeps arrival
+    order. One row: the order of the rows' admissions is the order of service."""
+    from ostinato.models.whisper.engine import TranscriptionEngine
+
+    names = ("c01_hello_short.flac", "c02_numbers.flac", "c17_cut_two_windows.flac")  # 1.1, 11.6, 29 s
+    engine = TranscriptionEngine(model, 1, 1, critical_path_first=critical_path_first)
+    scheduler, admitted = engine._scheduler, []
+    admit = scheduler._admit
+
+    def recording_admit(*args, **kwargs):
+        waiting = list(scheduler._waiting)
+        count = admit(*args, **kwargs)
+        owner = {id(t): w.job.index for w in engine._workers.values() for t in w.tickets}
+        admitted.extend(owner[id(t)] for t in waiting[:count])
+        return count
+
+    scheduler._admit = recording_admit
+    jobs = [engine.submit(_clip(data_dir, name), TranscribeOptions(**GREEDY)) for name in names]
+    engine.run()
+    assert len(admitted) == 4  # the long clip has two windows
+    if critical_path_first:
+        # c17 first (29 s ahead), c01 (1.1 s) last; c17's second window (about 4 s left) and c02
+        # (11.6 s) between, in the order they reach the queue
+        assert admitted[0] == 2 and admitted[-1] == 0
+    else:
+        assert admitted == [0, 1, 2, 2]
+    segments, _ = jobs[2].result()
+    alone, _ = model.transcribe(_clip(data_dir, names[2]), **GREEDY)
+    assert _texts(segments) == _texts(alone)

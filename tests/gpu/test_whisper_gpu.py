@@ -204,9 +204,10 @@ def test_engine_admitting_while_rows_step_gives_each_audio_its_own_result(data_d
 
 def test_a_lone_audio_on_an_engine_steps_its_own_rows(data_dir):
     """An engine of four rows captures its run's graph (four rows) when the run opens, and a one-row
-    graph when a lone audio comes to rows none of which is in use; the lone audio's advances replay
-    the one-row graph (a smaller graph, fewer masked rows stepped), and its tokens are the ones it
-    gets alone. Three audios at once then replay the four-row graph, and get their own tokens too."""
+    graph the second time a lone audio comes to rows none of which is in use (the first time, the
+    four-row graph steps it: a bucket met once is not worth a capture); the lone audio's advances
+    then replay the one-row graph (fewer masked rows stepped), and its tokens are the ones it gets
+    alone. Three audios at once then replay the four-row graph, and get their own tokens too."""
     model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
     opts = dict(beam_size=1, best_of=1, temperature=0.0, max_new_tokens=40)
     audios = [noise(s, seed=60 + i) for i, s in enumerate((4.0, 45.0, 6.0, 3.0))]
@@ -224,15 +225,20 @@ def test_a_lone_audio_on_an_engine_steps_its_own_rows(data_dir):
     type(graph).__call__ = recording
     try:
         engine.start()
+        met_once = engine.submit(audios[0], model.options(**opts)).result(timeout=300)
+        once = list(replayed)
         first = engine.submit(audios[0], model.options(**opts)).result(timeout=300)
-        lone = list(replayed)
+        lone = replayed[len(once):]
+        replayed[:] = lone
         rest = [engine.submit(a, model.options(**opts)) for a in audios[1:]]
         results = [first] + [job.result(timeout=300) for job in rest]
         engine.shutdown()
     finally:
         type(graph).__call__ = original
     assert [[s.tokens for s in segments] for segments, _ in results] == alone
+    assert [s.tokens for s in met_once[0]] == alone[0]
     assert {key.rows for key in graph.captured_keys() if isinstance(key, GreedyKey)} >= {1, 4}
+    assert once and set(once) == {4}
     assert lone and set(lone) == {1}
     assert 4 in replayed[len(lone):]
 

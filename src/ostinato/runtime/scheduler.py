@@ -4,9 +4,10 @@ A *run* is a family's set of decoder rows working under one set of options (one 
 family: the same search, the same rules). It admits requests into free slots (a slot is the
 group of rows one request occupies: one row, ``best_of`` samples, K beams), advances every row
 with one launch, and hands back the requests that finished since it last looked, freeing their
-slots. The scheduler knows nothing of models: it keeps the requests that wait, opens a run for
-the options of the request at the head of the queue, keeps that run full, and opens the next
-run once the current one drains. Requests with other options wait rather than starve the run
+slots. The scheduler knows nothing of models: it keeps the requests that wait (highest priority
+first, a number the caller gives; in arrival order among equals), opens a run for the options of
+the request at the head of the queue, keeps that run full, and opens the next run once the
+current one drains. Requests with other options wait rather than starve the run
 (``transcribe_batch``'s temperature fallbacks, a server's requests with their own options).
 
 A family supplies ``open_run(key) -> run``; a run has:
@@ -107,11 +108,13 @@ class SlotTable(Generic[T]):
 class Ticket:
     """One submitted request: ``done(result, error)`` is called once, from the scheduling thread."""
 
-    __slots__ = ("key", "item", "done", "id", "cancelled")
+    __slots__ = ("key", "item", "done", "id", "cancelled", "priority")
 
-    def __init__(self, key: Hashable, item: Any, done: Callable[[Any, Optional[BaseException]], None], id: int):
+    def __init__(self, key: Hashable, item: Any, done: Callable[[Any, Optional[BaseException]], None], id: int,
+                 priority: float = 0.0):
         self.key, self.item, self.done, self.id = key, item, done, id
         self.cancelled = False
+        self.priority = priority
 
 
 class RowScheduler:
@@ -145,10 +148,16 @@ class RowScheduler:
     def idle(self) -> bool:
         return not self._waiting and not self._admitted
 
-    def submit(self, key: Hashable, item: Any, done: Callable[[Any, Optional[BaseException]], None]) -> Ticket:
-        """Queue a request; ``done(result, None)`` is called once it finished."""
-        ticket = Ticket(key, item, done, next(self._ids))
-        self._waiting.append(ticket)
+    def submit(self, key: Hashable, item: Any, done: Callable[[Any, Optional[BaseException]], None],
+               priority: float = 0.0) -> Ticket:
+        """Queue a request; ``done(result, None)`` is called once it finished. The queue is served
+        highest ``priority`` first, and in arrival order among equal priorities."""
+        ticket = Ticket(key, item, done, next(self._ids), priority)
+        waiting = self._waiting
+        if not waiting or waiting[-1].priority >= priority:
+            waiting.append(ticket)
+        else:
+            waiting.insert(next(i for i, t in enumerate(waiting) if t.priority < priority), ticket)
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:

@@ -204,6 +204,7 @@ class WindowDecoder:
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
         self._snapshot_buffers = None  # pinned host copies of the rows collect reads (CUDA)
+        self._smaller_bucket_needs: Dict[tuple, int] = {}  # how often a run could have used a smaller bucket
         self._masks: Dict[str, Tuple[int, ...]] = {}  # the token ids each suppression mask holds now
         self.seed(0)
 
@@ -510,6 +511,14 @@ class WindowDecoder:
             return windows * max(1, options.num_hypotheses)
         return windows * max(1, options.beam_size)
 
+    def wants_smaller_bucket(self, key) -> bool:
+        """Whether a run that could step fewer rows now should capture ``key`` (a smaller bucket than
+        its own): at the second time it could, as the prefill's keys are captured at their second
+        call. A bucket met once (the last few windows of one batch) is not worth a capture in that
+        call (tens of ms, warm-up included), and the run's larger graph steps those rows meanwhile."""
+        needs = self._smaller_bucket_needs[key] = self._smaller_bucket_needs.get(key, 0) + 1
+        return needs >= 2
+
     def capture_graph(self, graph: StepGraph, key) -> None:
         """Capture ``key``'s graph first if it has none yet: capture runs the step on a reset state."""
         if graph.use_graphs and not graph.is_captured(key):
@@ -806,8 +815,9 @@ class GreedyRun(SlotTable):
         if self.graph.use_graphs and not self.busy and self._snapshot is None:
             # No row is in use and no advance in flight: a smaller bucket's graph can be captured now
             # (capture resets the rows), so that these windows step only their own rows.
-            need = next(b for b in self._buckets if b >= len(jobs))
-            self.decoder.capture_graph(self.graph, self.key._replace(rows=need))
+            need = self.key._replace(rows=next(b for b in self._buckets if b >= len(jobs)))
+            if not self.graph.is_captured(need) and self.decoder.wants_smaller_bucket(need):
+                self.decoder.capture_graph(self.graph, need)
         slots = self.take(len(jobs))
         self.decoder.admit_rows(slots, self.per, jobs)  # a window's samples read one cross-attention K/V
         for slot in slots:

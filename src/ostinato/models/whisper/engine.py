@@ -8,7 +8,9 @@ and hands decode requests to the runtime's ``RowScheduler``, which keeps one dec
 a window that finishes hands its rows to the next waiting window of any audio at once, so long
 audios, short audios and fallback retries flow through the same rows. Requests with other search
 options (a fallback at a higher temperature, another request's options) wait until the current
-run drains, then get a run of their own.
+run drains, then get a run of their own. With ``critical_path_first`` (``transcribe_batch``'s
+engine) the audio with the most audio still ahead of it is served first, its requests and its
+windows' admission: a long recording's windows follow one another, so a batch ends when they do.
 
 Two ways to drive it: ``run()`` on the calling thread until every submitted audio is done
 (``transcribe_batch``), or ``start()`` a thread that serves submissions until ``shutdown()``
@@ -48,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ...audio import load_audio
+from ...audio import SAMPLE_RATE, load_audio
 from ...audio.vad import resolve_backend
 from ...errors import InvalidOptionError, OstinatoError
 from ...runtime import RowScheduler, Ticket, one_cpu_thread_here, strict_float32
@@ -196,6 +198,7 @@ class _Worker(threading.Thread):
         self.tickets: List[Ticket] = []  # its decode request's windows in the scheduler, if any
         self.decode_request: Optional[_Request] = None  # the request those tickets answer
         self.encoded = None  # (CUDA) an event after its last encoder pass: what its windows wait for
+        self.remaining = 0.0  # seconds of its audio not transcribed yet (known once the audio is read)
 
     def ask(self, kind: str, *args):
         if self.job.cancelled:
@@ -214,9 +217,15 @@ class _Worker(threading.Thread):
         try:
             with torch.inference_mode():
                 samples = load_audio(job.audio)
+                duration = samples.shape[0] / SAMPLE_RATE
+                self.remaining = duration
+
+                def progressed(seconds: float) -> None:
+                    self.remaining = max(0.0, duration - seconds)
+
                 segments, info = transcribe_samples(
                     _Proxy(self), self.engine.model.tokenizer, self.engine.model.dims, samples, job.options,
-                    batch_size=self.engine.windows,
+                    on_progress=progressed, batch_size=self.engine.windows,
                 )
                 collected = []
                 for segment in segments:
@@ -235,11 +244,15 @@ class TranscriptionEngine:
     ``search``: the most rows one window may take (beam size or best_of), fixed with the state.
     """
 
-    def __init__(self, model, windows: int, search: int):
+    def __init__(self, model, windows: int, search: int, critical_path_first: bool = False):
         if windows < 1 or search < 1:
             raise InvalidOptionError("an engine needs at least one window of one row")
         self.model = model
         self.windows, self.search = int(windows), int(search)
+        # Serve the audio with the most audio still ahead of it first (its requests, its windows'
+        # admission): a long recording's windows follow one another, so a batch ends when its last
+        # window does; a short audio loses nothing by going second. A server keeps arrival order.
+        self.critical_path_first = bool(critical_path_first)
         self._decoder = model.batch_decoder(self.windows, self.windows * self.search)
         self._lock = threading.Condition()
         self._queue: List[_Request] = []  # model requests from workers, not yet served
@@ -359,7 +372,7 @@ class TranscriptionEngine:
                         break
                     self._clean_up_cancelled()
                     self._answer_all(requests)
-                    self._arriving = [a for a in self._arriving if not a.arrived()]
+                    self._tell_arrivals()
                     self._drive_rows()
         except BaseException as exc:
             self._stop(exc)
@@ -508,11 +521,17 @@ class TranscriptionEngine:
             self._waiting -= 1
         request.ready.set()
 
+    def _priority(self, worker: "_Worker") -> float:
+        return worker.remaining if self.critical_path_first else 0.0
+
     def _answer_all(self, requests: List[_Request]) -> None:
         model = self.model
+        if self.critical_path_first:
+            requests.sort(key=lambda r: -r.worker.remaining)  # stable: arrival order among equals
         for r in requests:
             if self._advancing and self._scheduler.ready:
                 self._drive_rows()  # the rows are through: the next advance goes before more host work
+            self._tell_arrivals()  # a worker whose features landed goes on while the others are answered
             if r.worker.job.cancelled:
                 self._answer(r, error=Cancelled("transcription cancelled"))
             elif r.kind == "encode":
@@ -546,14 +565,20 @@ class TranscriptionEngine:
                 r.worker.decode_request = r
                 self._held.append(r)  # to the scheduler from _drive_rows (_release_encoded)
 
+    def _tell_arrivals(self) -> None:
+        """Let the workers whose features have landed on the host go on."""
+        if self._arriving:
+            self._arriving = [a for a in self._arriving if not a.arrived()]
+
     def _submit_windows(self, r: _Request) -> None:
         """A decode request's windows into the scheduler's queue."""
         features, requests_, suppress, suppress_at_begin, options = r.args
         self._used_on_main(features)
         key = (options, suppress, suppress_at_begin)  # windows with equal keys share a run
         done = self._decoded(r, len(requests_))
+        priority = self._priority(r.worker)
         r.worker.tickets = [
-            self._scheduler.submit(key, WindowJob(features[i : i + 1], request), done(i))
+            self._scheduler.submit(key, WindowJob(features[i : i + 1], request), done(i), priority)
             for i, request in enumerate(requests_)
         ]
 

@@ -289,7 +289,7 @@ class WhisperModel:
             return []
         # Batched: each audio brings many chunks, which fill the rows however few the audios.
         windows = batch_size if transcribe_options.batched else min(batch_size, len(audios))
-        engine = TranscriptionEngine(self, windows, transcribe_options.rows_per_window)
+        engine = TranscriptionEngine(self, windows, transcribe_options.rows_per_window, critical_path_first=True)
         jobs = [engine.submit(audio, transcribe_options) for audio in audios]
         engine.run()
         outcomes = [job.outcome for job in jobs]
