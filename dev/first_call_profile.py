@@ -15,7 +15,8 @@ prints where the captures' time went (warm-ups, capture begin/end, the device lo
 synchronizations, cache emptying, garbage collection), each timed on the wall clock outside
 cProfile's accounting;
 ``--torch-capture`` captures inside ``torch.cuda.graph`` instead of ``runtime.graphs.capturing``
-(what it synchronizes and empties before each capture, for an A/B in two processes).
+(what it synchronizes and empties before each capture, for an A/B in two processes);
+``--warm-profile`` profiles a third (warm) call too: the host work of the thread that runs the model.
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def main() -> None:
     parser.add_argument("--defaults", action="store_true", help="beam 5 with the fallback, not greedy")
     parser.add_argument("--config", default=None, help="options and batch of a bench/whisper_e2e.py configuration")
     parser.add_argument("--torch-capture", action="store_true", help="capture inside torch.cuda.graph")
+    parser.add_argument("--warm-profile", action="store_true",
+                        help="also profile the warm call (after an untimed second call): the engine thread's host work")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -170,17 +173,24 @@ def main() -> None:
             torch.cuda.synchronize()
         return out
 
-    profiler = cProfile.Profile()
-    begin = time.perf_counter()
-    profiler.enable()
-    transcribe()
-    profiler.disable()
-    t_first = time.perf_counter() - begin
+    def profiled():
+        """(profile, seconds) of one call under cProfile (Python 3.12's sees every thread)."""
+        profile = cProfile.Profile()
+        begin = time.perf_counter()
+        profile.enable()
+        transcribe()
+        profile.disable()
+        return profile, time.perf_counter() - begin
+
+    profiler, t_first = profiled()
     stop_timing_phases()
     first_captures, first_compiles = len(captures), len(compiles)
     begin = time.perf_counter()
     transcribe()
     t_warm = time.perf_counter() - begin
+    warm_profiler = None
+    if args.warm_profile:  # a third call: captures met in the second (a bucket's second need) are done
+        warm_profiler, t_warm_profiled = profiled()
     print(f"model {args.model or 'random ' + args.size}, batch {args.batch}, {what}, "
           f"{args.config or ('defaults' if args.defaults else 'greedy')}, "
           f"{model.steps_per_replay} steps per replay, "
@@ -206,11 +216,15 @@ def main() -> None:
           f"{sum(c[1] for c in compiles[:first_compiles]):.2f} s")
     for name, seconds in compiles[:30]:
         print(f"    {seconds * 1e3:7.1f} ms  {name}")
-    for order in ("cumulative", "tottime"):
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(args.top)
-        print(f"\n== first call, by {order} ==")
-        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-12000:])
+    profiles = [("first call", profiler)]
+    if warm_profiler is not None:
+        profiles.append((f"warm call ({t_warm_profiled:.3f} s under cProfile)", warm_profiler))
+    for label, profile in profiles:
+        for order in ("cumulative", "tottime"):
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(args.top)
+            print(f"\n== {label}, by {order} ==")
+            print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-12000:])
 
 
 if __name__ == "__main__":
