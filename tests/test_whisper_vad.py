@@ -422,3 +422,24 @@ def test_cli_without_the_extra_says_so_in_one_line(monkeypatch, tmp_path, capsys
         assert lines[0].startswith("ostinato: error: --vad-filter")
         assert "needs the optional VAD extra" in lines[0]
         assert "pip install 'ostinato[vad]'" in lines[0]
+
+
+@pytest.mark.parametrize("channels, out, kernel, stride, padding, bias, length", [
+    (1, 258, 256, 128, 0, False, 640),  # the STFT's basis over a window and its context
+    (129, 128, 3, 1, 1, True, 4),
+    (128, 64, 3, 2, 1, True, 4),
+    (64, 64, 3, 2, 1, True, 2),
+    (64, 128, 3, 1, 1, True, 1),
+])
+def test_the_convolutions_as_matrix_products_equal_conv1d(channels, out, kernel, stride, padding, bias, length):
+    """On CUDA the VAD's convolutions run as one matrix product each (no cuDNN plan per window count);
+    over the shapes silero's network has, they equal ``F.conv1d``."""
+    generator = torch.Generator().manual_seed(channels + out)
+    x = torch.randn(37, channels, length, generator=generator, dtype=torch.float64)
+    weight = torch.randn(out, channels, kernel, generator=generator, dtype=torch.float64)
+    b = torch.randn(out, generator=generator, dtype=torch.float64) if bias else None
+    expected = torch.nn.functional.conv1d(x, weight, b, stride=stride, padding=padding)
+    got = vad._conv1d_by_products(x, weight, b, stride, padding)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
