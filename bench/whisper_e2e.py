@@ -132,10 +132,11 @@ class PhasePeaks:
     Methods are wrapped on their classes (``wrap``). While ``memory`` is on, entering or leaving a
     phase folds the peak so far into every open phase and the overall peak, then resets PyTorch's
     peak counter; a phase nested in another (an admission inside a decode step) counts for both.
-    Reading the counters costs the thread hundreds of microseconds a phase (``memory_stats`` builds
-    a dict of every counter), so timed calls run with ``memory`` off. Times are wall-clock,
-    without synchronizing: a graph replay returns once launched, so the GPU's decode time shows
-    where the host waits for it (``collect``, which reads the rows' done flags).
+    Reading the counters (``memory_stats`` builds a dict of every counter) on the thread that runs
+    the model slowed the calls it timed (session 36's code, tiny.en greedy b16, H100: 0.69 s warm
+    with them, 0.55 s without on a slower host), so timed calls run with ``memory`` off. Times are
+    wall-clock, without synchronizing: a graph replay returns once launched, so the GPU's decode
+    time shows where the host waits for it (``collect``, which reads the rows' done flags).
     """
 
     def __init__(self, memory: bool = True):
@@ -242,10 +243,11 @@ def ours_worker(args, config: dict) -> dict:
         warm.append(timed(run, args.device)[0])
     out = dict(load=load, first=first, warm=min(warm, default=first), texts=texts,
                audio=sum(map(len, audios)) / SAMPLE_RATE, first_seconds=first_seconds,
-               last_seconds=tracker.seconds, last_wall=warm[-1] if warm else first)
+               last_seconds=dict(tracker.seconds), last_wall=warm[-1] if warm else first)
     if on_gpu:
         overall = memory_totals(args.device)  # the peaks since the process began, loading included
         tracker.memory = True  # one more call, untimed, for each phase's peak
+        tracker.reset_times()
         run()
         out["phases"] = tracker.result()
         out.update(peak_allocated=max(overall["peak_allocated"], tracker.overall),
