@@ -344,7 +344,7 @@ def _conv1d_by_products(x, weight, bias, stride: int, padding: int):
     On CUDA, cuDNN plans each convolution for its input shape, and the batch here is an audio's
     window count, new with nearly every audio: the VAD of bench/whisper_e2e.py's 20 audios took
     0.5-1.1 s in a process's first pass (0.27-0.34 s this way), 0.07 s either way once warm (H100).
-    A matrix product has no plan to build; PyTorch's own convolution, the other way round cuDNN,
+    A matrix product has no plan to build; PyTorch's own convolution, the path without cuDNN,
     loops over the batch (30x slower)."""
     import torch.nn.functional as F
 

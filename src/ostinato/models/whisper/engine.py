@@ -527,7 +527,7 @@ class TranscriptionEngine:
     def _answer_all(self, requests: List[_Request]) -> None:
         model = self.model
         if self.critical_path_first:
-            requests.sort(key=lambda r: -r.worker.remaining)  # stable: arrival order among equals
+            requests.sort(key=lambda r: -self._priority(r.worker))  # stable: arrival order among equals
         for r in requests:
             if self._advancing and self._scheduler.ready:
                 self._drive_rows()  # the rows are through: the next advance goes before more host work
