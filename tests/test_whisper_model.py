@@ -279,6 +279,23 @@ def test_window_decoder_rows_are_independent(model):
         assert len(result.tokens) <= budget
 
 
+def test_launching_once_leaves_no_trace_in_the_decoder(model):
+    """What a model's load runs on a helper thread to load the decode's kernels (two steps of a
+    window of zeros, the loop guard) leaves the rows reset: the decoder's next windows are a naive
+    decoder's."""
+    tok = model.tokenizer
+    decoder = WindowDecoder(model.model, tok, model.device, use_graphs=False, buckets=(1, 2))
+    audio = torch.cat([encode_audio(model, CLIP), encode_audio(model, SAMPLE)])
+    with torch.inference_mode():
+        decoder.launch_once(torch.zeros_like(audio[:1]), [tok.sot])
+        assert bool(decoder.state["done"].all()) and int(decoder.state["n_generated"].abs().sum()) == 0
+        requests = [WindowRequest([tok.sot, tok.no_timestamps], False, 50, 7)] * 2
+        results = decoder.decode(audio, requests, [], [])
+    for row, result in enumerate(results):
+        expected, _ = naive_greedy(model.model, [tok.sot, tok.no_timestamps], audio[row], 7, tok.eot)
+        assert result.tokens == [t for t in expected if t != tok.eot], f"row {row}"
+
+
 def test_a_window_may_end_on_the_context_s_last_position(model):
     """A long prompt head (225 tokens) leaves 223 steps: the last token lands on position 447, the
     context's last. The window ends inside a call of 8 steps, whose remaining step still runs the

@@ -443,3 +443,17 @@ def test_the_convolutions_as_matrix_products_equal_conv1d(channels, out, kernel,
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
+
+
+@needs_torch_vad
+def test_prepare_on_loads_the_network_only_where_the_torch_backend_runs(monkeypatch):
+    vad._load.cache_clear()
+    monkeypatch.setenv("OSTINATO_VAD_BACKEND", "onnx")
+    vad.prepare_on("cpu")
+    assert vad._load.cache_info().currsize == 0  # onnxruntime's network is not the one prepared
+    monkeypatch.setenv("OSTINATO_VAD_BACKEND", "torch")
+    vad.prepare_on("cpu")
+    assert vad._load.cache_info().currsize == 1
+    network = vad.load_vad("cpu")
+    assert isinstance(network, vad.TorchSilero) and vad._load.cache_info().hits == 1
+    vad._load.cache_clear()

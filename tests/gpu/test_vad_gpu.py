@@ -70,3 +70,15 @@ def test_an_hour_on_cuda():
     assert probs.shape == (hour.shape[0] // 512 + 1,) and np.isfinite(probs).all()
     ten = vad.speech_probabilities(hour[: 16000 * 600], network)
     np.testing.assert_allclose(probs[: ten.shape[0] - 1], ten[:-1], atol=1e-5, rtol=0)
+
+
+def test_a_model_load_on_cuda_prepares_the_vad(tmp_path, monkeypatch):
+    from ostinato import WhisperModel
+    from ostinato.testing.random_models import save_random_whisper_checkpoint
+
+    monkeypatch.delenv("OSTINATO_VAD_BACKEND", raising=False)
+    vad._load.cache_clear()
+    model = WhisperModel(save_random_whisper_checkpoint("tiny", str(tmp_path / "tiny.pt")), device="cuda")
+    assert vad._load.cache_info().currsize == 1  # made by the load's helper
+    network = vad.load_vad(model.device)
+    assert isinstance(network, vad.TorchSilero) and vad._load.cache_info().hits == 1

@@ -299,36 +299,50 @@ def in_a_fresh_process(code: str, *args: str, **env) -> subprocess.CompletedProc
 
 def test_triton_is_prepared_while_the_model_loads(data_dir):
     """In a fresh process, loading a model on CUDA leaves Triton's installation hash, every loaded
-    kernel's source key and argument binder made (a helper thread did them during the load), what
-    the binders' first call imports imported, the device loop's gate compiled, and no kernel
-    compiled or loaded yet: the first transcription finds that work done."""
+    kernel's source key and argument binder made (helper threads did them during the load), what
+    the binders' first call imports imported, and the device loop's gate compiled. The only kernels
+    the load launches are its decode of a window of silence's, for their first launch (without it,
+    none): each of them a one-row greedy transcription launches too (nothing compiled that a run
+    does not use)."""
     code = (
-        "import sys, torch, triton.runtime.cache as cache\n"
-        "from triton.runtime.jit import JITFunction\n"
+        "import sys, json, numpy as np, torch, triton.runtime.cache as cache\n"
+        "import ostinato.models.whisper.model as whisper_model\n"
         "from ostinato import WhisperModel\n"
-        "from ostinato.ops.triton_support import SPECIALIZER_IMPORTS\n"
+        "from ostinato.ops.triton_support import SPECIALIZER_IMPORTS, loaded_kernels\n"
         "from ostinato.runtime import device_loop\n"
+        "if sys.argv[1:] == ['without-silence']:\n"
+        "    whisper_model._decode_silence = lambda *args: None\n"
         "assert cache.triton_key.cache_info().currsize == 0\n"
         "assert not set(SPECIALIZER_IMPORTS) & set(sys.modules) and not device_loop._gates\n"
         f"model = WhisperModel({str(data_dir / RANDOM_CKPT)!r}, device='cuda', compute_type='float16')\n"
         "assert set(SPECIALIZER_IMPORTS) <= set(sys.modules)\n"
         "assert device_loop.unavailable_reason('cuda') or list(device_loop._gates) == [0]\n"
-        "kernels = [v for n, m in list(sys.modules.items()) if n.startswith('ostinato.') and m\n"
-        "           for v in vars(m).values() if isinstance(v, JITFunction)]\n"
-        "print(cache.triton_key.cache_info().currsize, len(kernels), sum(k.hash is not None for k in kernels),\n"
-        "      sum(len(k.device_caches) == 1 for k in kernels),\n"
-        "      sum(len(v[0]) for k in kernels for v in k.device_caches.values()))\n"
+        "kernels = list(loaded_kernels())\n"
+        "launched = lambda: sorted(k._fn_name + ' ' + str(key) for k in loaded_kernels()\n"
+        "                          for c in k.device_caches.values() for key in c[0])\n"
+        "at_load = launched()\n"
+        "counts = [cache.triton_key.cache_info().currsize, len(kernels), sum(k.hash is not None for k in kernels),\n"
+        "          sum(len(k.device_caches) == 1 for k in kernels)]\n"
+        "audio = (0.1 * np.random.default_rng(0).standard_normal(16000 * 8)).astype(np.float32)\n"
+        "segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, max_new_tokens=20)\n"
+        "assert list(segments) is not None  # the segments are decoded as they are read\n"
+        "print(json.dumps([counts, at_load, launched()]))\n"
     )
     # without the kernel manifest: an earlier process's kernels would be loaded back by the load
-    printed = in_a_fresh_process(code, OSTINATO_NO_KERNEL_MANIFEST="1").stdout
-    keyed, kernels, hashed, bound, compiled = map(int, printed.split())
-    assert keyed == 1 and kernels >= 5 and hashed == kernels == bound and compiled == 0, printed
+    runs = [json.loads(in_a_fresh_process(code, mode, OSTINATO_NO_KERNEL_MANIFEST="1").stdout.strip().splitlines()[-1])
+            for mode in ("as-is", "without-silence")]
+    for (keyed, kernels, hashed, bound), _, _ in runs:
+        assert keyed == 1 and kernels >= 5 and hashed == kernels == bound, runs
+    (_, at_load, _), (_, none_at_load, transcription_launched) = runs
+    assert none_at_load == [] and at_load, runs
+    assert set(at_load) <= set(transcription_launched), sorted(set(at_load) - set(transcription_launched))
 
 
 def test_a_second_process_brings_back_the_kernels_the_first_launched(random_tiny_checkpoint):
     """ops.kernel_manifest across processes: the first records the Triton specializations its
     transcription launched; the next load of the same model loads them from Triton's cache before
-    anything launches, and the same transcription then needs no other, with the same tokens."""
+    anything launches, and the same transcription then needs no other, with the same tokens. (The
+    load's own decode of a window of silence is left out here: it launches the same kernels.)"""
     code = (
         "import json, logging, sys, numpy as np, torch\n"
         "logging.basicConfig(level=logging.WARNING)\n"
@@ -336,6 +350,8 @@ def test_a_second_process_brings_back_the_kernels_the_first_launched(random_tiny
         "from ostinato import WhisperModel\n"
         "from ostinato.models.whisper.loaders import load_checkpoint\n"
         "from ostinato.ops import kernel_manifest, triton_support\n"
+        "import ostinato.models.whisper.model as whisper_model\n"
+        "whisper_model._decode_silence = lambda *args: None\n"
         f"checkpoint = {str(random_tiny_checkpoint)!r}\n"
         "name = kernel_manifest.manifest_name('whisper', load_checkpoint(checkpoint).dims.to_dict(), torch.float16)\n"
         "if sys.argv[1:] == ['fresh']:\n"

@@ -147,7 +147,7 @@ class DeviceLoop:
         self._function = compile_gate(device)
         self._graph = _check(self.driver.cuGraphCreate(0))
         self._exec = None
-        torch.cuda.synchronize(device)  # binds PyTorch's context to this thread
+        torch.cuda.current_stream(device).query()  # a runtime call, no wait: binds PyTorch's context here
         self._context = _check(self.driver.cuCtxGetCurrent())
         # The head sets the handle before the node runs, so its launch default is never used.
         self._handle = _check(self.driver.cuGraphConditionalHandleCreate(self._graph, self._context, 0, 0))

@@ -505,6 +505,21 @@ class WindowDecoder:
         scheduler.run_until_idle()
         return results  # type: ignore[return-value]
 
+    def launch_once(self, audio_features: Tensor, prompt: Sequence[int]) -> None:
+        """Decode one window of ``audio_features`` [1, n_audio_ctx, d] for two steps after ``prompt``
+        and look at the loop guard, then leave the rows reset: the kernels a first decode launches
+        load here (a model's load runs this on a helper thread, on an eager decoder of its own).
+        CUDA loads each of PyTorch's kernel families at its first launch, 5-70 ms apiece under the
+        profiler; on an H100 loading every kernel at start-up took ~0.1 s off a first batch-16 call."""
+        tok = self.tokenizer
+        request = WindowRequest(prompt=list(prompt), timestamps=True, max_initial_timestamp_index=50, max_new_tokens=2)
+        # the rules a transcription's defaults set (suppress_tokens=[-1], suppress_blank)
+        self.decode(audio_features, [request], tok.suppressed_tokens([-1]), [tok.encode(" ")[0], tok.eot])
+        key = GreedyKey(rows=1)
+        self._loop_guard(key, True)
+        self._loop_guard(key, False)
+        self.reset_rows()
+
     def rows_for(self, windows: int, options: SearchOptions) -> int:
         """Decoder rows a call of ``windows`` windows with ``options`` occupies."""
         if options.sampling:

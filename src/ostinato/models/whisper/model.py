@@ -11,6 +11,7 @@ import torch
 
 from ...audio import load_audio, whisper_input_features
 from ...audio.decode import SAMPLE_RATE
+from ...audio.vad import prepare_on as prepare_vad
 from ...checks import check_positive_int
 from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...ops import kernel_manifest
@@ -65,6 +66,16 @@ def _encode_silence(model: Whisper, dtype: torch.dtype, device: torch.device) ->
     model.encoder(torch.zeros(1, dims.n_mels, 2 * dims.n_audio_ctx, device=device, dtype=dtype))
 
 
+def _decode_silence(model: Whisper, tokenizer: WhisperTokenizer, dtype: torch.dtype, device: torch.device) -> None:
+    """Load the kernels a window's decode launches (prefill, step, loop guard, collection): a window
+    of zero encoder output on an eager decoder of one row (see WindowDecoder.launch_once)."""
+    dims = model.dims
+    decoder = WindowDecoder(model, tokenizer, device, decode_loop="eager")
+    prompt = tokenizer.sot_sequence("en", "transcribe") if tokenizer.multilingual else [tokenizer.sot]
+    with strict_float32(device, dtype):  # as WhisperModel.decode runs it
+        decoder.launch_once(torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype), prompt)
+
+
 class WhisperModel:
     """A Whisper checkpoint on one device, ready to transcribe.
 
@@ -114,6 +125,7 @@ class WhisperModel:
             del checkpoint.state_dict
             self.model = place_module(whisper, self.device, self.dtype)
             helper.also(functools.partial(_encode_silence, self.model, self.dtype))
+            helper.also(prepare_vad)  # batched=True and vad_filter's first pass (when silero-vad is installed)
             # The rest of the load runs while the helpers finish (it launches no Triton kernel and
             # captures nothing): tiny.en's decoder state and tokenizer took 0.09 s after they had.
             self.alignment_heads = checkpoint.alignment_heads
@@ -124,6 +136,8 @@ class WhisperModel:
             )
             # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
             self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS, windows=1)
+            # On the Triton thread: the decode launches Triton kernels, which nothing may while it prepares them.
+            helper.with_triton(functools.partial(_decode_silence, self.model, self.tokenizer, self.dtype))
         # One window per encoder call is how every transcription encodes. Eagerly that is about 400
         # launches: on the H100 large-v3's took 10.7 ms of host time for 5.6 ms of GPU work, and
         # tiny's 1.9 ms for 0.4 ms. One replay runs the same kernels (the same bits) for a launch.
