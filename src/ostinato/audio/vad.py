@@ -425,9 +425,9 @@ def prepare_on(device) -> None:
     """Load the network the torch backend runs on ``device`` (cached for the first call) and the
     kernels its first pass launches: a model's load runs this beside its own work on a GPU. Each
     float32 kernel family PyTorch loads at its first launch, cuDNN's LSTM among them: on an H100 the
-    first pass over 20 audios took 0.20 s against 0.07 s warm, and 0.07 s after this. Silence one
-    convolution block and a little long, so that the block loop's second pass runs too. Nothing
-    where that backend would not run (no silero-vad, or onnxruntime on the CPU)."""
+    first pass over 20 audios took 0.20 s against 0.07 s warm, and 0.07 s after this. The silence
+    is a little longer than one convolution block, so that the block loop's second pass runs too.
+    Nothing where that backend would not run (no silero-vad, or onnxruntime on the CPU)."""
     if resolve_backend("auto", device) != "torch":
         return
     vad = load_vad(device)
