@@ -97,7 +97,7 @@ def whisper_tokenizer(n_vocab: int) -> WhisperTokenizer:
 
 
 def forced_requests(tok: WhisperTokenizer, batch: int, steps: int):
-    sot = tok.sot_sequence("en", "transcribe") if tok.multilingual else [tok.sot]
+    sot = tok.sot_sequence("en", "transcribe")  # [sot] alone for an English-only model
     request = WindowRequest(prompt=list(sot), timestamps=True, max_initial_timestamp_index=50, max_new_tokens=steps)
     return [request] * batch, list(tok.suppressed_tokens([-1])) + [tok.eot]
 

@@ -71,9 +71,9 @@ def _decode_silence(model: Whisper, tokenizer: WhisperTokenizer, dtype: torch.dt
     of zero encoder output on an eager decoder of one row (see WindowDecoder.launch_once)."""
     dims = model.dims
     decoder = WindowDecoder(model, tokenizer, device, decode_loop="eager")
-    prompt = tokenizer.sot_sequence("en", "transcribe") if tokenizer.multilingual else [tokenizer.sot]
+    features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype)
     with strict_float32(device, dtype):  # as WhisperModel.decode runs it
-        decoder.launch_once(torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype), prompt)
+        decoder.launch_once(features, tokenizer.sot_sequence("en", "transcribe"))
 
 
 class WhisperModel:
