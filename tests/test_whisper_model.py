@@ -280,14 +280,22 @@ def test_window_decoder_rows_are_independent(model):
 
 
 def test_launching_once_leaves_no_trace_in_the_decoder(model):
-    """What a model's load runs on a helper thread to load the decode's kernels (two steps of a
-    window of zeros, the loop guard) leaves the rows reset: the decoder's next windows are a naive
-    decoder's."""
+    """What a model's load runs on a helper thread to load the decode's kernels (a previous text's
+    head prefilled with its rows as device tensors, as a prefill graph's first call runs it; two
+    steps of a window of zeros; the loop guard) leaves the rows reset: the decoder's next windows
+    are a naive decoder's."""
     tok = model.tokenizer
     decoder = WindowDecoder(model.model, tok, model.device, use_graphs=False, buckets=(1, 2))
     audio = torch.cat([encode_audio(model, CLIP), encode_audio(model, SAMPLE)])
+    heads = []  # (tokens, rows): a previous text's head, indexed as a prefill graph's inputs are
+    prefill_head = decoder._prefill_head
+    decoder._prefill_head = lambda key, tokens, positions, rows, slots, *at: (
+        heads.append((tokens.tolist(), rows)) or prefill_head(key, tokens, positions, rows, slots, *at))
     with torch.inference_mode():
         decoder.launch_once(torch.zeros_like(audio[:1]), [tok.sot])
+        (tokens, rows), = heads
+        assert tokens[0][0] == tok.sot_prev and len(tokens[0]) > 8 and isinstance(rows, torch.Tensor)
+        del decoder._prefill_head
         assert bool(decoder.state["done"].all()) and int(decoder.state["n_generated"].abs().sum()) == 0
         requests = [WindowRequest([tok.sot, tok.no_timestamps], False, 50, 7)] * 2
         results = decoder.decode(audio, requests, [], [])

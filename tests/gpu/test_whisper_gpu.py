@@ -60,6 +60,9 @@ def test_encoder_and_admission_graphs_give_the_eager_bits(data_dir):
     encoded = [graph.encode(mel) for mel in mels]
     for mel, got in zip(mels, encoded):
         assert torch.equal(got, eager.encode(mel))
+    # batched=True's chunks in one call: each window the bits it has alone, replaying the one graph
+    assert torch.equal(graph.encode(torch.cat(mels)), torch.cat(encoded))
+    assert torch.equal(eager.encode(torch.cat(mels)), torch.cat(encoded))
     assert graph._encoder_graph.captured_keys() == [tuple(mels[0].shape)]
     assert not torch.equal(encoded[0], encoded[1])  # each result its own copy
     for seed in (3, 4):
@@ -301,9 +304,9 @@ def test_triton_is_prepared_while_the_model_loads(data_dir):
     """In a fresh process, loading a model on CUDA leaves Triton's installation hash, every loaded
     kernel's source key and argument binder made (helper threads did them during the load), what
     the binders' first call imports imported, and the device loop's gate compiled. The only kernels
-    the load launches are its decode of a window of silence's, for their first launch (without it,
-    none): each of them a one-row greedy transcription launches too (nothing compiled that a run
-    does not use)."""
+    the load launches are its decode of a window of silence's (a previous text's head and two
+    steps), for their first launch (without it, none): each of them a one-row greedy transcription
+    with a prompt launches too (nothing compiled that a run does not use)."""
     code = (
         "import sys, json, numpy as np, torch, triton.runtime.cache as cache\n"
         "import ostinato.models.whisper.model as whisper_model\n"
@@ -324,7 +327,8 @@ def test_triton_is_prepared_while_the_model_loads(data_dir):
         "counts = [cache.triton_key.cache_info().currsize, len(kernels), sum(k.hash is not None for k in kernels),\n"
         "          sum(len(k.device_caches) == 1 for k in kernels)]\n"
         "audio = (0.1 * np.random.default_rng(0).standard_normal(16000 * 8)).astype(np.float32)\n"
-        "segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, max_new_tokens=20)\n"
+        "segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, max_new_tokens=20,\n"
+        "                               initial_prompt=' '.join(['words'] * 12))  # a head over 8 tokens\n"
         "assert list(segments) is not None  # the segments are decoded as they are read\n"
         "print(json.dumps([counts, at_load, launched()]))\n"
     )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -206,6 +207,7 @@ class WindowDecoder:
         self._snapshot_buffers = None  # pinned host copies of the rows collect reads (CUDA)
         self._smaller_bucket_needs: Dict[tuple, int] = {}  # how often a run could have used a smaller bucket
         self._masks: Dict[str, Tuple[int, ...]] = {}  # the token ids each suppression mask holds now
+        self._index_every_head = False  # launch_once: a lone eager head indexed as a graph's inputs are
         self.seed(0)
 
     @property
@@ -274,7 +276,9 @@ class WindowDecoder:
         st.allocate("rng_key", (rows,), i64)  # each row's sampling seed (32 bits)
         st.allocate("finished_at_entry", (1,), i64)  # rows done when the device loop was entered
         token_hash = st.allocate("token_hash", (dims.n_vocab,), i64)
-        token_hash.copy_(mix32(torch.arange(dims.n_vocab, dtype=torch.int64)))
+        # In numpy: the same integers; a process's first torch xor, shift and and on the host took
+        # ~50 ms under the profiler (H100 machine), which a first transcribe_batch paid for its decoder.
+        token_hash.copy_(torch.from_numpy(mix32(np.arange(dims.n_vocab, dtype=np.int64))))
         return st
 
     # Per-row buffers (rows on dim 0) and the self-attention caches (rows on dim 1).
@@ -506,15 +510,23 @@ class WindowDecoder:
         return results  # type: ignore[return-value]
 
     def launch_once(self, audio_features: Tensor, prompt: Sequence[int]) -> None:
-        """Decode one window of ``audio_features`` [1, n_audio_ctx, d] for two steps after ``prompt``
-        and look at the loop guard, then leave the rows reset: the kernels a first decode launches
-        load here (a model's load runs this on a helper thread, on an eager decoder of its own).
-        CUDA loads each of PyTorch's kernel families at its first launch, 5-70 ms apiece under the
-        profiler; on an H100 loading every kernel at start-up took ~0.1 s off a first batch-16 call."""
+        """Decode one window of ``audio_features`` [1, n_audio_ctx, d] for two steps after a previous
+        text's head and ``prompt`` (a start-of-transcript sequence), and look at the loop guard; then
+        leave the rows reset: the kernels a first decode launches load here (a model's load runs this
+        on a helper thread, on an eager decoder of its own). The head is prefilled as a prefill graph's
+        first, eager, call runs it (rows and slots as device tensors). CUDA loads each of PyTorch's
+        kernel families at its first launch, 5-70 ms apiece under the profiler (a first batch-16
+        call's first prefill: 59 ms in its positions' arange); on an H100 loading every kernel at
+        start-up took ~0.1 s off a first batch-16 call."""
         tok = self.tokenizer
-        request = WindowRequest(prompt=list(prompt), timestamps=True, max_initial_timestamp_index=50, max_new_tokens=2)
-        # the rules a transcription's defaults set (suppress_tokens=[-1], suppress_blank)
-        self.decode(audio_features, [request], tok.suppressed_tokens([-1]), [tok.encode(" ")[0], tok.eot])
+        head = [tok.sot_prev] + [tok.encode(" ")[0]] * PREFILL_GRAPH_TOKENS  # longer than a short head
+        request = WindowRequest(prompt=head + list(prompt), timestamps=True, max_initial_timestamp_index=50,
+                                max_new_tokens=2)
+        self._index_every_head = True
+        try:  # the rules a transcription's defaults set (suppress_tokens=[-1], suppress_blank)
+            self.decode(audio_features, [request], tok.suppressed_tokens([-1]), [tok.encode(" ")[0], tok.eot])
+        finally:
+            self._index_every_head = False
         key = GreedyKey(rows=1)
         self._loop_guard(key, True)
         self._loop_guard(key, False)
@@ -673,7 +685,7 @@ class WindowDecoder:
         positions = torch.arange(length, device=self.device).repeat(windows, 1)
         at = host_values_to_device(logits_at, self.device) if padded else None
         graphed = (length <= PREFILL_GRAPH_TOKENS or padded) and self._prefill_graph.use_graphs
-        if windows == 1 and not graphed:  # eager: views of the row and slot, no index tensor to upload
+        if windows == 1 and not graphed and not self._index_every_head:  # eager: views of the row and slot
             logits = self._prefill_head(key, tokens, positions, rows[0], slots[0], at)
         else:
             where = host_values_to_device(rows + slots, self.device)  # inputs: one capture serves every row

@@ -143,8 +143,19 @@ class WhisperModel:
         # tiny's 1.9 ms for 0.4 ms. One replay runs the same kernels (the same bits) for a launch.
         self._encoder_graph = StepGraph(lambda shape, mel: self.model.encoder(mel), self.device,
                                         use_graphs=self.decode_loop != "eager", name="whisper encoder")
+        if self._encoder_graph.use_graphs:
+            # The one graph every transcription replays (a window's encoder pass): captured here, its
+            # warm-up finding the kernels _encode_silence loaded, instead of in the first call (12-17
+            # ms of a first tiny.en call on an H100; the load grows by as much).
+            self._capture_encoder()
         log.debug("decode loop on %s: %s", self.device, self.decoder.loop_rung)  # load_model logs it at INFO
         self._batch_decoders = {}
+
+    @torch.inference_mode()
+    def _capture_encoder(self) -> None:
+        mel = torch.zeros(1, self.dims.n_mels, 2 * self.dims.n_audio_ctx, device=self.device, dtype=self.dtype)
+        with strict_float32(self.device, self.dtype):
+            self._encoder_graph.capture(tuple(mel.shape), mel=mel)
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -162,12 +173,22 @@ class WhisperModel:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [B, n_mels, 3000] -> encoder output [B, 1500, d] on the model's device and dtype."""
-        mel = host_tensor_to_device(mel, self.device).to(self.dtype)  # not waiting for the device's queued work
         with strict_float32(self.device, self.dtype):
-            if mel.shape[0] == 1 and self._encoder_graph.use_graphs:
-                # the replay's output buffer is the graph's: the caller keeps a copy
-                return self._encoder_graph(tuple(mel.shape), mel=mel).clone()
-            return self.model.encoder(mel)
+            if self.device.type != "cuda":
+                return self.model.encoder(mel.to(self.device, self.dtype))
+            # On CUDA one window at a time, batched=True's chunks too: each replays the one graph (the
+            # same bits as the window alone), where a batch of a new size cost a first call cuDNN's
+            # plans and cuBLAS's kernels for it (~0.1 s of a first chunked tiny.en call, H100). Each
+            # window goes up by itself, a 1-MB span of the pinned ring (no wait for queued work).
+            out = torch.empty(mel.shape[0], self.dims.n_audio_ctx, self.dims.n_audio_state,
+                              device=self.device, dtype=self.dtype)
+            for i in range(mel.shape[0]):
+                window = host_tensor_to_device(mel[i : i + 1], self.device).to(self.dtype)
+                if self._encoder_graph.use_graphs:  # the replay's output buffer is the graph's: copied out
+                    out[i : i + 1].copy_(self._encoder_graph(tuple(window.shape), mel=window))
+                else:
+                    out[i : i + 1].copy_(self.model.encoder(window))
+            return out
 
     @torch.inference_mode()
     def decode(
