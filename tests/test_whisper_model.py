@@ -289,8 +289,12 @@ def test_launching_once_leaves_no_trace_in_the_decoder(model):
     audio = torch.cat([encode_audio(model, CLIP), encode_audio(model, SAMPLE)])
     heads = []  # (tokens, rows): a previous text's head, indexed as a prefill graph's inputs are
     prefill_head = decoder._prefill_head
-    decoder._prefill_head = lambda key, tokens, positions, rows, slots, *at: (
-        heads.append((tokens.tolist(), rows)) or prefill_head(key, tokens, positions, rows, slots, *at))
+
+    def spy(key, tokens, positions, rows, slots, logits_at=None):
+        heads.append((tokens.tolist(), rows))
+        return prefill_head(key, tokens, positions, rows, slots, logits_at)
+
+    decoder._prefill_head = spy
     with torch.inference_mode():
         decoder.launch_once(torch.zeros_like(audio[:1]), [tok.sot])
         (tokens, rows), = heads
