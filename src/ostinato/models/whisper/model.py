@@ -61,7 +61,7 @@ def _spectrogram_of_silence(n_mels: int, device: torch.device) -> None:
 
 def _encode_silence(model: Whisper, dtype: torch.dtype, device: torch.device) -> None:
     """Load the kernels the encoder uses (its convolutions' cuDNN plans at their shapes among them):
-    one window of zeros, eagerly; the first transcription captures its graph."""
+    one window of zeros, eagerly; the load then captures its graph (``_capture_encoder``)."""
     dims = model.dims
     model.encoder(torch.zeros(1, dims.n_mels, 2 * dims.n_audio_ctx, device=device, dtype=dtype))
 
