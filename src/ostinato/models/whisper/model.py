@@ -59,11 +59,16 @@ def _spectrogram_of_silence(n_mels: int, device: torch.device) -> None:
     whisper_input_features(np.zeros(2 * SAMPLE_RATE, dtype=np.float32), n_mels, device=device)
 
 
+def _silent_window(dims, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One window's features of silence, [1, n_mels, frames], the shape every encoder call has."""
+    return torch.zeros(1, dims.n_mels, 2 * dims.n_audio_ctx, device=device, dtype=dtype)
+
+
 def _encode_silence(model: Whisper, dtype: torch.dtype, device: torch.device) -> None:
     """Load the kernels the encoder uses (its convolutions' cuDNN plans at their shapes among them):
-    one window of zeros, eagerly; the load then captures its graph (``_capture_encoder``)."""
-    dims = model.dims
-    model.encoder(torch.zeros(1, dims.n_mels, 2 * dims.n_audio_ctx, device=device, dtype=dtype))
+    one window of zeros, eagerly, on a helper beside the load; the load then captures its graph
+    (``_capture_encoder``), whose warm-up finds them loaded."""
+    model.encoder(_silent_window(model.dims, device, dtype))
 
 
 def _decode_silence(model: Whisper, tokenizer: WhisperTokenizer, dtype: torch.dtype, device: torch.device) -> None:
@@ -153,7 +158,7 @@ class WhisperModel:
 
     @torch.inference_mode()
     def _capture_encoder(self) -> None:
-        mel = torch.zeros(1, self.dims.n_mels, 2 * self.dims.n_audio_ctx, device=self.device, dtype=self.dtype)
+        mel = _silent_window(self.dims, self.device, self.dtype)
         with strict_float32(self.device, self.dtype):
             self._encoder_graph.capture(tuple(mel.shape), mel=mel)
 
