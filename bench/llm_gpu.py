@@ -231,10 +231,10 @@ def main() -> None:
         long_s = statistics.median(timed(lambda: model.generate(long, max_new_tokens=1)) for _ in range(args.repeats))
         long_rate = llm_prefill_flops(model.net, args.long_prefill) / long_s / 1e12
         hf_rows = {}
+        model = None  # its state and graphs go before a peer's model or the next shape's
+        gc.collect()
+        torch.cuda.empty_cache()
         if peers & {"hf", "hf-compile"}:
-            del model
-            gc.collect()
-            torch.cuda.empty_cache()
             for compiled in [c for c, name in ((False, "hf"), (True, "hf-compile")) if name in peers]:
                 try:
                     ref = hf_model(shape, torch.bfloat16)

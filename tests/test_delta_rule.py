@@ -45,3 +45,11 @@ def test_chunked_rule_stays_exact_when_a_chunks_keys_are_nearly_alike():
     scale = want.abs().max()
     assert ((got.double() - want).abs().max() / scale).item() < 1e-4
     assert ((got_state.double() - want_state).abs().max() / want_state.abs().max()).item() < 1e-4
+
+
+def test_the_chunk_scan_takes_wider_tiles_only_where_narrow_ones_would_not_fit_one_wave():
+    from ostinato.ops.delta_rule import scan_block
+
+    assert scan_block(128, 128, 132) == 16  # Qwen3.5-2B's 16 heads: one wave of 16-column programs
+    assert scan_block(256, 128, 132) == 32  # Qwen3.5-35B-A3B's 32 heads: two waves at 16, one at 32
+    assert scan_block(256, 16, 132) == 16  # no wider tile than the values

@@ -79,17 +79,19 @@ def test_the_fused_delta_step_kernel_equals_the_pytorch_step(dtype):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dk,dv,dtype", [(128, 128, torch.float32), (64, 32, torch.float32),
-                                         (128, 128, torch.bfloat16)])
-def test_the_chunk_scan_kernel_equals_the_pytorch_scan(dk, dv, dtype, monkeypatch):
+@pytest.mark.parametrize("dk,dv,dtype,heads", [(128, 128, torch.float32, 4), (64, 32, torch.float32, 4),
+                                               (128, 128, torch.bfloat16, 4), (128, 128, torch.bfloat16, 48)])
+def test_the_chunk_scan_kernel_equals_the_pytorch_scan(dk, dv, dtype, heads, monkeypatch):
     """The prefill's chunked delta rule with its chunk-to-chunk scan in one kernel (in TF32 for half
     precision), against the same rule with the scan as PyTorch ops (IEEE float32), and against the
-    one-token recurrence."""
+    one-token recurrence. 48 heads of 3 rows: more programs of 16 columns than SMs, 32 a program."""
     from ostinato.models.llm import delta_rule as rule
     from ostinato.ops import delta_rule as kernels
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert kernels.scan_block(3 * heads * dv // 16, dv, sms) == (32 if 3 * heads * dv // 16 > sms else 16)
     g = torch.Generator(device="cuda").manual_seed(1)
-    rows, length, heads = 3, 200, 4  # 200 tokens: four chunks, the last one padded
+    rows, length = 3, 200  # 200 tokens: four chunks, the last one padded
     q, k = (torch.randn(rows, length, heads, dk, device="cuda", generator=g).to(dtype) for _ in range(2))
     v = torch.randn(rows, length, heads, dv, device="cuda", generator=g).to(dtype)
     decay = -torch.rand(rows, length, heads, device="cuda", generator=g) * 0.5
@@ -227,3 +229,13 @@ def test_half_precision_moe_decode_on_its_kernels(name):
                               layer.mlp.experts_down)
     assert layer.mlp.router_in is not None
     assert tokens["auto"] == tokens["eager"]
+
+
+def test_prefill_pointwise_kernels_on_cuda():
+    """SwiGLU and the MoE prefill's combine of expert outputs against PyTorch in float16 and bfloat16,
+    and a grouped MoE block with them against it without (dev/prefill_kernels_check.py)."""
+    from dev_checks import run_dev_check
+
+    out = run_dev_check("prefill_kernels_check.py", interpret=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "prefill kernels == reference: True", out.stdout

@@ -23,10 +23,14 @@ a time through the head dimension in blocks (whole 64 x 128 tiles spilled hundre
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
-from .triton_support import HAVE_TRITON, kernels_can_run, tl, triton
+from .triton_support import HAVE_TRITON, kernels_can_run, sm_count, tl, triton
+
+INTERPRETER_SMS = 132  # the scan's launch is planned as for an H100 under Triton's CPU interpreter
 
 if HAVE_TRITON:  # pragma: no cover - needs Triton
 
@@ -241,17 +245,30 @@ def can_scan(state: Tensor, chunk: int) -> bool:
             and all(n >= 16 and n & (n - 1) == 0 for n in (dk, dv, chunk)))
 
 
+def scan_block(programs_at_16: int, dv: int, sms: int) -> int:
+    """Value columns a scan program takes: 16, or 32 where 16 would launch more programs than the
+    device has SMs (each program walks every chunk of its head in turn, so a second wave waits for
+    the whole first). 4096-token layers on an H100 (132 SMs), TF32: Qwen3.5-2B's 16 heads 0.48 ms at
+    16 (128 programs) against 0.54 at 32; Qwen3.5-35B-A3B's 32 heads 0.78 ms at 16 (256 programs)
+    against 0.57 at 32; 64 columns 0.59-0.72 ms for either (dev/llm_prefill_timing.py)."""
+    return 16 if programs_at_16 <= sms or dv < 32 else 32
+
+
 def chunk_scan(values: Tensor, keys_decayed: Tensor, q_decayed: Tensor, inner: Tensor, k_to_end: Tensor,
-               chunk_decay: Tensor, state: Tensor, block: int = 16, warps: int = 8, precision: str = "ieee"):
+               chunk_decay: Tensor, state: Tensor, block: Optional[int] = None, warps: int = 8,
+               precision: str = "ieee"):
     """The scan of ``models.llm.delta_rule.scan_chunks`` as one kernel. values [B, H, n, C, dv];
     keys_decayed, q_decayed, k_to_end [B, H, n, C, dk]; inner [B, H, n, C, C]; chunk_decay
-    [B, H, n]; state [B, H, dk, dv]: all float32. Returns (out [B, H, n, C, dv], final state)."""
-    # 16 value columns and 8 warps a program: measured on an H100 (dev/llm_prefill_timing.py) at 0.9 ms
-    # for a 4k-token layer against 15 ms for the PyTorch loop; wider tiles spill registers. (Split in a
+    [B, H, n]; state [B, H, dk, dv]: all float32. Returns (out [B, H, n, C, dv], final state).
+    ``block``: value columns a program (None: ``scan_block``'s choice)."""
+    # 8 warps a program: measured on an H100 (dev/llm_prefill_timing.py) at 0.9 ms for a 4k-token layer
+    # against 15 ms for the PyTorch loop; tiles wider than 32 columns spill registers. (Split in a
     # sequential kernel for the states and a parallel one for the outputs, it read out of bounds on an
     # H100 in TF32 under Triton 3.6, for some shapes and not others: not kept)
     batch, heads, n, chunk, dv = values.shape
     dk = keys_decayed.shape[-1]
+    if block is None:
+        block = scan_block(batch * heads * max(1, dv // 16), dv, sm_count(values.device, INTERPRETER_SMS))
     state = state.contiguous().clone()
     # row-major like the kernel's inputs (solve_triangular may hand back column-major values)
     out = torch.empty(values.shape, dtype=values.dtype, device=values.device)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...ops import swiglu as swiglu_kernel
+
 log = logging.getLogger(__name__)
 _ENABLED = contextvars.ContextVar("ostinato_llm_fusion", default=False)
 
@@ -106,10 +108,21 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 @fusible
-def swiglu(gate_up: Tensor) -> Tensor:
-    """silu(gate) * up, gate_up holding the gate's columns first."""
+def _swiglu_chain(gate_up: Tensor) -> Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up, gate_up holding the gate's columns first: one Triton pass where it runs outside
+    a compiled caller (``ops.swiglu``: a prefill's 4096 x 12288 product at 1.6 TB/s compiled), else
+    the chain (compiled where enabled, inlined into a compiled decode step)."""
+    if not torch.compiler.is_compiling() and swiglu_kernel.can_run(gate_up):
+        return swiglu_kernel.swiglu(gate_up)
+    return _swiglu_chain(gate_up)
+
+
+swiglu.uncompiled = _swiglu_chain.uncompiled
 
 
 @fusible
