@@ -5,7 +5,8 @@ PyTorch's way was a copy of the rows back to token order (``index_copy_``) and a
 each token's k rows by its k weights: in a 4096-token Qwen3.5-35B-A3B prefill on an H100, 212 us and
 170 us a layer (15 ms of 134 in 40 layers) for 134 MB read. Here one program per (token, block of
 columns) reads the token's k rows in place through the inverse of the sort and sums them in float32,
-weights rounded to the dtype first and the sum rounded once, as the batched product rounds.
+weights rounded to the dtype first and the sum rounded once, as the batched product rounds: 2.1 ms
+in the same 40 layers.
 
 Only CUDA runs it (``TRITON_INTERPRET=1`` runs it on the CPU for tests); callers check ``can_run``
 and otherwise use PyTorch's ops (``models.llm.layers.MoE._grouped``).

@@ -5,7 +5,8 @@ prefill on an H100 the compiled chain (``models.llm.fusion.swiglu``) moved its 1
 (96 us a layer, 2.3 ms of a 36-ms prefill), and the experts' grouped products of the MoE prefill
 ran it as three eager kernels (silu, mul, then a copy to contiguous rows). Here one program per
 (row, block of columns) reads the two halves and writes the result, each op rounded to the dtype as
-PyTorch rounds it (silu in float32, rounded; the product in float32, rounded).
+PyTorch rounds it (silu in float32, rounded; the product in float32, rounded): 50 us a layer
+(1.2 ms of that 2B prefill).
 
 Only CUDA runs it (``TRITON_INTERPRET=1`` runs it on the CPU for tests); callers check ``can_run``
 and otherwise use PyTorch's ops.
