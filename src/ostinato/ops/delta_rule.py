@@ -267,8 +267,8 @@ def chunk_scan(values: Tensor, keys_decayed: Tensor, q_decayed: Tensor, inner: T
     # H100 in TF32 under Triton 3.6, for some shapes and not others: not kept)
     batch, heads, n, chunk, dv = values.shape
     dk = keys_decayed.shape[-1]
-    if block is None:
-        block = scan_block(batch * heads * max(1, dv // 16), dv, sm_count(values.device, INTERPRETER_SMS))
+    if block is None:  # (can_scan: dv is 16 or more)
+        block = scan_block(batch * heads * dv // 16, dv, sm_count(values.device, INTERPRETER_SMS))
     state = state.contiguous().clone()
     # row-major like the kernel's inputs (solve_triangular may hand back column-major values)
     out = torch.empty(values.shape, dtype=values.dtype, device=values.device)

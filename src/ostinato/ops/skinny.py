@@ -39,7 +39,7 @@ from .triton_support import (
 )
 
 if HAVE_TRITON:
-    from .triton_support import pdl_enter, prefetch_l2
+    from .triton_support import pdl_enter, prefetch_l2, swiglu_rounded
 
 PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in flight
 BLOCK_N = 64  # weight rows per program
@@ -188,9 +188,7 @@ if HAVE_TRITON:
         first), with NORM the RMSNorm of the row (``rstd`` per row, weight w), each op's result
         rounded to the input dtype as ``models.llm.fusion`` rounds them."""
         if SWIGLU:
-            g = xt.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(xt.dtype)
-            xt = (act.to(tl.float32) * up.to(tl.float32)).to(xt.dtype)
+            xt = swiglu_rounded(xt, up)
         if NORM:
             h = xt.to(tl.float32) * rstd[:, None]
             wf = w.to(tl.float32)

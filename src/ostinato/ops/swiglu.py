@@ -21,6 +21,7 @@ BLOCK = 1024  # output columns a program: 8 per thread over 4 warps, 16-byte loa
 WARPS = 4
 
 if HAVE_TRITON:
+    from .triton_support import swiglu_rounded
 
     @triton.jit
     def _swiglu_kernel(x_ptr, out_ptr, inner, sx, so, BLOCK: tl.constexpr):
@@ -30,10 +31,7 @@ if HAVE_TRITON:
         ok = cols < inner
         gate = tl.load(x_ptr + r * sx + cols, mask=ok, other=0.0)
         up = tl.load(x_ptr + r * sx + inner + cols, mask=ok, other=0.0)
-        g = gate.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-        out = (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
-        tl.store(out_ptr + r * so + cols, out, mask=ok)
+        tl.store(out_ptr + r * so + cols, swiglu_rounded(gate, up), mask=ok)
 
 
 def can_run(gate_up: torch.Tensor) -> bool:

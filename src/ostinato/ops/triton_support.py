@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # ``tl``, ``HAVE_TRITON`` and the jit helpers of ``ops.triton_jit``): its import took 0.3-0.7 s, which
 # ``import ostinato`` no longer pays; a model's load asks for it on a helper thread
 # (``runtime.preparation``), and CPU work never does (``kernels_can_run``).
-_JIT_HELPERS = ("pdl_enter", "prefetch_l2", "fast_sigmoid", "HAVE_GDC")
+_JIT_HELPERS = ("pdl_enter", "prefetch_l2", "fast_sigmoid", "swiglu_rounded", "HAVE_GDC")
 
 
 @functools.lru_cache(maxsize=None)
