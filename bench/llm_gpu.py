@@ -10,13 +10,16 @@ expectation, plus the KV cache and recurrent state) over the measured copy bandw
 against the measured matmul rate (``testing.measure.llm_prefill_flops``: the products a prefill runs,
 the vocabulary's for the last token only); peak memory against weights + state. Peers in the same run:
 transformers' eager `generate` on a model of the same shape, optionally with its static cache under
-torch.compile (--peers hf-compile), and ostinato's own decode step compiled with
-torch.compile(mode="reduce-overhead") on the same weights and the same cache (gpt-fast's recipe).
+torch.compile (--peers hf-compile), and gpt-fast's recipe on the same weights and the same cache:
+ostinato's network in PyTorch's own ops (its Triton kernels off) under
+torch.compile(mode="reduce-overhead"), the cache's buffers at fixed addresses so that the step is a
+CUDA graph.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
@@ -97,31 +100,42 @@ def bench_ostinato(model: LanguageModel, batch: int, prompt: int, new: int, repe
 
 
 def bench_compiled_step(model: LanguageModel, batch: int, prompt: int, new: int, repeats: int):
-    """gpt-fast's recipe on ostinato's network: the whole decode step (greedy choice included) under
-    torch.compile(mode="reduce-overhead"), a static cache, the host feeding each token back."""
+    """gpt-fast's recipe on ostinato's network: the whole decode step (greedy choice included) in
+    PyTorch's own ops (ostinato's Triton kernels switched off, so inductor writes the kernels) under
+    torch.compile(mode="reduce-overhead"), a static cache whose buffers are marked as fixed addresses
+    (as gpt-fast's KV cache buffers are: inductor then captures the step as a CUDA graph although it
+    writes them), the host feeding each token back."""
     net = model.net
     state = DeviceState(model.device)
     for name, (shape, dtype) in net.state_spec(batch, prompt + new).items():
-        state.allocate(name, shape, dtype)
+        torch._dynamo.mark_static_address(state.allocate(name, shape, dtype))
 
     def step(tokens, positions):
         return net.decode(tokens, positions, state, batch).argmax(-1)
 
-    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-    tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
-    start = time.perf_counter()
-    for i in range(3):
-        tokens = compiled(tokens, torch.full((batch,), prompt + i, device=model.device)).clone()
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - start
-    positions = [torch.full((batch,), prompt + i, device=model.device) for i in range(new)]
+    switched_off = os.environ.get("OSTINATO_NO_TRITON")
+    os.environ["OSTINATO_NO_TRITON"] = "1"
+    try:
+        compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+        tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
+        start = time.perf_counter()
+        for i in range(3):
+            tokens = compiled(tokens, torch.full((batch,), prompt + i, device=model.device)).clone()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - start
+        positions = [torch.full((batch,), prompt + i, device=model.device) for i in range(new)]
 
-    def run():
-        t = tokens
-        for p in positions:
-            t = compiled(t, p).clone()
+        def run():
+            t = tokens
+            for p in positions:
+                t = compiled(t, p).clone()
 
-    times = [timed(run) / new for _ in range(repeats)]
+        times = [timed(run) / new for _ in range(repeats)]
+    finally:
+        if switched_off is None:
+            os.environ.pop("OSTINATO_NO_TRITON", None)
+        else:
+            os.environ["OSTINATO_NO_TRITON"] = switched_off
     return statistics.median(times), compile_s
 
 
@@ -138,8 +152,13 @@ def hf_model(shape: str, dtype):
     else:
         config, cls = tf.Qwen3_5MoeTextConfig(**raw), tf.Qwen3_5MoeForCausalLM
     config.eos_token_id = None
-    with torch.device("cuda"):
-        model = cls(config).to(dtype).eval()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # made in the dtype: the 35B shape in float32 would not fit
+    try:
+        with torch.device("cuda"):
+            model = cls(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
     return model
 
 
@@ -214,12 +233,6 @@ def main() -> None:
             row = dict(batch=batch, ms=decode * 1e3, tok_s=batch / decode, gbs=moved / decode / 1e9,
                        prefill_tok_s=batch * args.prompt / prefill_s, peak=peak, budget=weights + state,
                        first_call_s=first_call)
-            if "compile" in peers and batch in args.compile_batches:
-                try:
-                    row["compiled_ms"], row["compile_s"] = (x * f for x, f in zip(
-                        bench_compiled_step(model, batch, args.prompt, args.new, args.repeats), (1e3, 1)))
-                except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
-                    row["compiled_ms"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
             rows.append(row)
             print(f"  batch {batch}: {row}", flush=True)
         if args.profile:
@@ -230,16 +243,32 @@ def main() -> None:
             model.generate(long, max_new_tokens=1)
         long_s = statistics.median(timed(lambda: model.generate(long, max_new_tokens=1)) for _ in range(args.repeats))
         long_rate = llm_prefill_flops(model.net, args.long_prefill) / long_s / 1e12
+        # the compiled-step peer after all of ostinato's own timings (a 4096-token prefill timed after
+        # its torch.compile ran at half the rate of one timed in a process without it, twice)
+        for row in rows:
+            if "compile" in peers and row["batch"] in args.compile_batches:
+                try:
+                    row["compiled_ms"], row["compile_s"] = (x * f for x, f in zip(
+                        bench_compiled_step(model, row["batch"], args.prompt, args.new, args.repeats), (1e3, 1)))
+                except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                    row["compiled_ms"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+                print(f"  compiled step, batch {row['batch']}: {row['compiled_ms']}", flush=True)
         hf_rows = {}
-        model = None  # its state and graphs go before a peer's model or the next shape's
+        # its weights, state and graphs go before a peer's model (the 35B shape's two copies would not
+        # fit one H100) or the next shape's; torch.compile's caches hold the network too
+        model = net = None
+        torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
+        print(f"  freed: {torch.cuda.memory_allocated() / 1e9:.2f} GB still allocated", flush=True)
         if peers & {"hf", "hf-compile"}:
             for compiled in [c for c, name in ((False, "hf"), (True, "hf-compile")) if name in peers]:
                 try:
                     ref = hf_model(shape, torch.bfloat16)
                     for batch in args.batches:
                         hf_rows[(compiled, batch)] = bench_hf(ref, batch, args.prompt, args.hf_new, compiled) * 1e3
+                        print(f"  transformers{' static+compile' if compiled else ' eager'}, batch {batch}: "
+                              f"{hf_rows[(compiled, batch)]:.2f} ms/token", flush=True)
                 except Exception as exc:  # noqa: BLE001
                     traceback.print_exc(limit=2)
                     for batch in args.batches:
@@ -248,9 +277,6 @@ def main() -> None:
                 ref = None
                 gc.collect()
                 torch.cuda.empty_cache()
-        del net
-        gc.collect()
-        torch.cuda.empty_cache()
         print(f"\n{shape}, prompt {args.prompt}, {args.new} new tokens, bf16, medians of {args.repeats}")
         head = (f"{'batch':>5} | {'ostinato ms/tok':>15} | {'tok/s':>8} | {'GB/s read':>9} | {'% copy bw':>9} | "
                 f"{'compiled step ms/tok':>20} | {'transformers eager ms/tok':>25} | {'hf static+compile':>17} | "
