@@ -167,8 +167,10 @@ def bench_hf(model, batch: int, prompt: int, new: int, compiled: bool):
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=g).cuda()
     options = dict(do_sample=False, pad_token_id=0)
     if compiled:
-        options.update(cache_implementation="static", compile_config=None)
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        # transformers compiles its forward itself for a static cache on CUDA (its CompileConfig:
+        # mode="reduce-overhead"); a forward compiled again by hand inside that one had failed with
+        # "accessing tensor output of CUDAGraphs that has been overwritten"
+        options.update(cache_implementation="static")
     with torch.no_grad():
         model.generate(ids, max_new_tokens=3, min_new_tokens=3, **options)
         one = timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **options))
