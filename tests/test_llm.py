@@ -64,6 +64,53 @@ def test_stop_tokens_end_a_row_and_are_returned_like_eos(qwen3):
     assert list(qwen3.generate([prompt], max_new_tokens=10, stop=token_text)[0]) == list(cut)
 
 
+def test_a_growing_conversation_reallocates_its_state_a_few_times(monkeypatch):
+    """Each call's prompt is the last one plus its answer and a new turn: the state (and on CUDA the
+    graphs that address it) is made again only when the context doubles, and the tokens are those
+    of a model that meets the final prompt first."""
+    model = LanguageModel(path("qwen3_5_text"), device="cpu")
+    made = []
+    allocate = type(model.decoder)._allocate
+    monkeypatch.setattr(model.decoder, "_allocate", lambda *a: (made.append(a), allocate(model.decoder, *a))[1])
+    prompt, turns = some_prompts(1, seed=5)[0], 0
+    while len(prompt) + 8 <= 900:
+        out = model.generate([prompt], max_new_tokens=8)[0]
+        prompt = prompt + list(out) + some_prompts(1, seed=turns, longest=60)[0]
+        turns += 1
+    prompt = prompt[:892]
+    last = model.generate([prompt], max_new_tokens=8)[0]
+    assert turns >= 20 and [capacity for _, capacity, _ in made] == [128, 256, 512, 1024]
+    assert list(last) == list(LanguageModel(path("qwen3_5_text"), device="cpu").generate([prompt], max_new_tokens=8)[0])
+
+
+def test_more_rows_do_not_double_the_context():
+    model = LanguageModel(path("qwen3"), device="cpu")
+    model.generate([list(range(3, 200))], max_new_tokens=8)
+    model.generate([list(range(3, 200))] * 5, max_new_tokens=8)
+    assert (model.decoder.rows, model.decoder.capacity, model.decoder.max_new) == (8, 256, 64)
+
+
+def test_a_doubled_state_that_does_not_fit_falls_back_to_what_the_call_needs(monkeypatch):
+    model = LanguageModel(path("qwen3"), device="cpu")
+    model.generate([list(range(3, 200))], max_new_tokens=8)  # 256 positions
+    allocate = type(model.decoder)._allocate
+    asked = []
+
+    def room_for_384(rows, capacity, max_new):
+        asked.append(capacity)
+        if capacity > 384:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        allocate(model.decoder, rows, capacity, max_new)
+
+    monkeypatch.setattr(model.decoder, "_allocate", room_for_384)
+    prompt = list(range(3, 290))
+    out = model.generate([prompt], max_new_tokens=8)[0]
+    assert asked == [512, 384] and model.decoder.capacity == 384
+    assert list(out) == list(LanguageModel(path("qwen3"), device="cpu").generate([prompt], max_new_tokens=8)[0])
+    with pytest.raises(torch.OutOfMemoryError):
+        model.generate([list(range(3, 300)) * 2], max_new_tokens=8)  # more than fits, doubled or not
+
+
 def test_sampling_is_seeded_and_independent_of_batching(hybrid):
     batch = some_prompts(5, seed=4)
     options = dict(max_new_tokens=8, temperature=1.5, top_p=0.95, seed=11)

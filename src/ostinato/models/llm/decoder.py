@@ -81,12 +81,33 @@ class LLMDecoder:
 
     # -- state -----------------------------------------------------------------------------------
     def ensure(self, rows: int, capacity: int, max_new: int) -> None:
+        """State for ``rows`` rows of ``capacity`` positions and ``max_new`` new tokens, kept if it
+        fits. Past the first allocation, a context or new-token room that must grow becomes at least
+        twice what it was (within the model's context): a conversation whose prompt grows by a turn
+        a call reallocates, and captures its graphs again, a few times rather than at every call.
+        Where the doubled state does not fit the device, it is made as large as the call needs."""
         if self.state is not None and rows <= self.rows and capacity <= self.capacity and max_new <= self.max_new:
             return
-        rows = max(rows, self.rows)
-        capacity = max(_round_up(capacity, 128), self.capacity)
-        max_new = max(_round_up(max_new, 64), self.max_new)
+        limit = self.net.config.max_position_embeddings
+
+        def sizes(needed: int, old: int, step: int, double: bool) -> int:
+            needed = _round_up(needed, step)
+            if needed <= old:
+                return old
+            return max(needed, min(2 * old, limit)) if double and self.state is not None else needed
+
+        exact = (max(rows, self.rows), sizes(capacity, self.capacity, 128, False), sizes(max_new, self.max_new, 64, False))
+        grown = (exact[0], sizes(capacity, self.capacity, 128, True), sizes(max_new, self.max_new, 64, True))
         self.state = self.graph = None  # free the old buffers (and graphs that address them) first
+        try:
+            self._allocate(*grown)
+            return
+        except torch.OutOfMemoryError:
+            if grown == exact:
+                raise
+        self._allocate(*exact)  # past the except block: the failed attempt's buffers went with its traceback
+
+    def _allocate(self, rows: int, capacity: int, max_new: int) -> None:
         st = DeviceState(self.device)
         for name, (shape, dtype) in self.net.state_spec(rows, capacity).items():
             st.allocate(name, shape, dtype)
