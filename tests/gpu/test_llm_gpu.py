@@ -49,6 +49,22 @@ def test_bfloat16_with_grouped_experts_matches_float32(name):
     assert sum(x[0] == y[0] for x, y in zip(a, b)) >= len(batch) - 1
 
 
+def test_a_growing_conversation_on_the_device_loop_keeps_the_cpu_tokens():
+    """Each call's prompt grows by the last answer and a new turn: the state is made again (and the
+    graphs captured again) only where the context doubles, and every answer is the CPU's."""
+    path = os.path.join(DATA, "qwen3_5_moe")
+    gpu = LanguageModel(path, device="cuda", dtype=torch.float32)
+    cpu = LanguageModel(path, device="cpu", dtype=torch.float32)
+    prompt, capacities = prompts(1, seed=3)[0], []
+    for turn in range(8):
+        got = gpu.generate([prompt], max_new_tokens=12)[0]
+        assert list(got) == list(cpu.generate([prompt], max_new_tokens=12)[0]), f"turn {turn}"
+        assert gpu.decoder.graph.rung(next(iter(gpu.decoder.graph.captured_keys()))) == "device loop"
+        capacities.append(gpu.decoder.capacity)
+        prompt = prompt + list(got) + prompts(1, seed=10 + turn)[0][:60]
+    assert capacities == [256, 256, 512, 512, 512, 512, 1024, 1024]  # as on the CPU: the prompts are the CPU's
+
+
 def test_streaming_on_the_device_loop_gives_the_generated_text():
     model = LanguageModel(os.path.join(DATA, "qwen3_5_moe"), device="cuda", dtype=torch.float32)
     prompt = prompts(1, seed=2)[0]
