@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 import traceback
+from unittest import mock
 
 import torch
 
@@ -113,9 +114,7 @@ def bench_compiled_step(model: LanguageModel, batch: int, prompt: int, new: int,
     def step(tokens, positions):
         return net.decode(tokens, positions, state, batch).argmax(-1)
 
-    switched_off = os.environ.get("OSTINATO_NO_TRITON")
-    os.environ["OSTINATO_NO_TRITON"] = "1"
-    try:
+    with mock.patch.dict(os.environ, OSTINATO_NO_TRITON="1"):
         compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
         tokens = torch.zeros(batch, dtype=torch.int64, device=model.device)
         start = time.perf_counter()
@@ -131,11 +130,6 @@ def bench_compiled_step(model: LanguageModel, batch: int, prompt: int, new: int,
                 t = compiled(t, p).clone()
 
         times = [timed(run) / new for _ in range(repeats)]
-    finally:
-        if switched_off is None:
-            os.environ.pop("OSTINATO_NO_TRITON", None)
-        else:
-            os.environ["OSTINATO_NO_TRITON"] = switched_off
     return statistics.median(times), compile_s
 
 

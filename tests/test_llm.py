@@ -71,7 +71,12 @@ def test_a_growing_conversation_reallocates_its_state_a_few_times(monkeypatch):
     model = LanguageModel(path("qwen3_5_text"), device="cpu")
     made = []
     allocate = type(model.decoder)._allocate
-    monkeypatch.setattr(model.decoder, "_allocate", lambda *a: (made.append(a), allocate(model.decoder, *a))[1])
+
+    def counted(*sizes):
+        made.append(sizes)
+        allocate(model.decoder, *sizes)
+
+    monkeypatch.setattr(model.decoder, "_allocate", counted)
     prompt, turns = some_prompts(1, seed=5)[0], 0
     while len(prompt) + 8 <= 900:
         out = model.generate([prompt], max_new_tokens=8)[0]

@@ -51,6 +51,11 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _doubled(size: int, old: int, limit: int) -> int:
+    """``size`` where it is ``old`` (no growth), else at least twice ``old`` within ``limit``."""
+    return size if size == old else max(size, min(2 * old, limit))
+
+
 class LLMDecoder:
     """Owns the decode state and the step graph of one model on one device."""
 
@@ -88,16 +93,12 @@ class LLMDecoder:
         Where the doubled state does not fit the device, it is made as large as the call needs."""
         if self.state is not None and rows <= self.rows and capacity <= self.capacity and max_new <= self.max_new:
             return
-        limit = self.net.config.max_position_embeddings
-
-        def sizes(needed: int, old: int, step: int, double: bool) -> int:
-            needed = _round_up(needed, step)
-            if needed <= old:
-                return old
-            return max(needed, min(2 * old, limit)) if double and self.state is not None else needed
-
-        exact = (max(rows, self.rows), sizes(capacity, self.capacity, 128, False), sizes(max_new, self.max_new, 64, False))
-        grown = (exact[0], sizes(capacity, self.capacity, 128, True), sizes(max_new, self.max_new, 64, True))
+        exact = (max(rows, self.rows), max(_round_up(capacity, 128), self.capacity),
+                 max(_round_up(max_new, 64), self.max_new))
+        grown = exact
+        if self.state is not None:
+            limit = self.net.config.max_position_embeddings
+            grown = (exact[0], _doubled(exact[1], self.capacity, limit), _doubled(exact[2], self.max_new, limit))
         self.state = self.graph = None  # free the old buffers (and graphs that address them) first
         try:
             self._allocate(*grown)
