@@ -166,7 +166,9 @@ def bench_hf(model, batch: int, prompt: int, new: int, compiled: bool):
         # "accessing tensor output of CUDAGraphs that has been overwritten"
         options.update(cache_implementation="static")
     with torch.no_grad():
-        model.generate(ids, max_new_tokens=3, min_new_tokens=3, **options)
+        # warmed at the timed length: a static cache sized for another length compiles anew
+        for length in (1, new):
+            model.generate(ids, max_new_tokens=length, min_new_tokens=length, **options)
         one = timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **options))
         many = timed(lambda: model.generate(ids, max_new_tokens=new, min_new_tokens=new, **options))
     return (many - one) / (new - 1)
@@ -202,6 +204,8 @@ def main() -> None:
     parser.add_argument("--hf-new", type=int, default=17, help="new tokens for transformers' eager generate")
     parser.add_argument("--compile-batches", nargs="+", type=int, default=[1],
                         help="batches for the compiled-step peer (each compiles for about a minute)")
+    parser.add_argument("--hf-compile-batches", nargs="+", type=int, default=[1],
+                        help="batches for transformers' static cache + compile (each batch size compiles anew)")
     parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of a decode and a prefill")
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                         help="ostinato's compiled decode step (default: auto)")
@@ -261,7 +265,7 @@ def main() -> None:
             for compiled in [c for c, name in ((False, "hf"), (True, "hf-compile")) if name in peers]:
                 try:
                     ref = hf_model(shape, torch.bfloat16)
-                    for batch in args.batches:
+                    for batch in [b for b in args.batches if not compiled or b in args.hf_compile_batches]:
                         hf_rows[(compiled, batch)] = bench_hf(ref, batch, args.prompt, args.hf_new, compiled) * 1e3
                         print(f"  transformers{' static+compile' if compiled else ' eager'}, batch {batch}: "
                               f"{hf_rows[(compiled, batch)]:.2f} ms/token", flush=True)
