@@ -263,15 +263,16 @@ def main() -> None:
         print(f"  freed: {torch.cuda.memory_allocated() / 1e9:.2f} GB still allocated", flush=True)
         if peers & {"hf", "hf-compile"}:
             for compiled in [c for c, name in ((False, "hf"), (True, "hf-compile")) if name in peers]:
+                batches = [b for b in args.batches if not compiled or b in args.hf_compile_batches]
                 try:
                     ref = hf_model(shape, torch.bfloat16)
-                    for batch in [b for b in args.batches if not compiled or b in args.hf_compile_batches]:
+                    for batch in batches:
                         hf_rows[(compiled, batch)] = bench_hf(ref, batch, args.prompt, args.hf_new, compiled) * 1e3
                         print(f"  transformers{' static+compile' if compiled else ' eager'}, batch {batch}: "
                               f"{hf_rows[(compiled, batch)]:.2f} ms/token", flush=True)
                 except Exception as exc:  # noqa: BLE001
                     traceback.print_exc(limit=2)
-                    for batch in args.batches:
+                    for batch in batches:
                         hf_rows.setdefault((compiled, batch), f"failed: {type(exc).__name__}: "
                                                               f"{str(exc).splitlines()[0][:60]}")
                 ref = None
