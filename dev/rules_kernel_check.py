@@ -13,7 +13,8 @@ of the maximum across blocks, and two logits one ulp apart that round to the sam
 (torch's argmax then takes the earlier one, not the larger logit).
 
 Checked per case: the same -inf and NaN pattern, finite log-probabilities within 1e-5, the same argmax
-(first index on ties), the same forced-timestamp decisions, and for the greedy kernel the token, its
+(first index on ties), the same forced-timestamp decisions, and for the greedy kernels (the one that
+writes the log-probabilities too, and the one that splits each row over programs) the token, its
 log-probability and the no-speech probability. Prints one line per case and ends with
 ``rules kernel == torch: True`` (exit 1 otherwise). SEED=n repeats a run.
 
@@ -252,8 +253,13 @@ def run_case(case, layout, no_speech, device, stats, label):
     out = rk.fused_filtered_log_softmax(logits, layout, **args)
     token, logprob, ns, out2 = rk.fused_greedy_choice(logits, layout, **args, no_speech=no_speech,
                                                       return_logprobs=True)
+    # Without the log-probabilities written: the vocabulary split over programs (a greedy step's kernel)
+    split_token, split_logprob, split_ns = rk.fused_greedy_choice(logits, layout, **args, no_speech=no_speech)
     ok1, msg1 = compare_logprobs(ref, out)
     ok2, msg2 = compare_greedy(ref, token, logprob, ns)
+    ok5, msg5 = compare_greedy(ref, split_token, split_logprob, split_ns)
+    if not ok5:
+        msg2 += f"; split: {msg5}"
     same = torch.equal(out.nan_to_num(0.0, 0.0, 0.0), out2.nan_to_num(0.0, 0.0, 0.0))
     forced = forced_rows(case, layout, out, device)
     ok3 = torch.equal(forced, ref["forced"])
@@ -266,7 +272,7 @@ def run_case(case, layout, no_speech, device, stats, label):
     raw_argmax = apply_logit_rules(logits, layout, **args).argmax(dim=-1)
     stats["rounding_ties"] += int((raw_argmax != ref["token"]).sum())
     stats["nan_rows"] += int(torch.isnan(ref["logprobs"]).any(dim=1).sum())
-    ok = ok1 and ok2 and same and ok3 and ok4
+    ok = ok1 and ok2 and same and ok3 and ok4 and ok5
     notes = []
     if not same:
         notes.append("greedy kernel's logprobs != log_softmax kernel's")

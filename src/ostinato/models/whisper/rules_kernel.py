@@ -24,6 +24,17 @@ layout); the launch grid is the batch, so the call can be captured in a CUDA gra
 (Triton 3.6, torch 2.11) a captured greedy choice took about 55 us at batch 1 and at batch 16
 (dev/rules_kernel_tune.py), against 175 us at batch 1 for the PyTorch ops it replaces.
 
+A greedy step needs only the choice, not the row of log-probabilities, and one program sweeping
+51,864 entries three times was a quarter of tiny.en's step (50 us of 206 at one row on an H200).
+``_greedy_split_kernel`` spreads each row over programs of ``CHUNK`` entries: each sweeps its chunk
+once (masked and raw maximum and sum of exponentials, its largest masked logit and where), and the
+row's last program to arrive (an arrival counter, as ``ops.skinny``'s split products) combines the
+chunks in chunk order, sweeps the timestamps for the force rule and one chunk again for the first
+index of the best log-probability: 13.5 us, and tiny.en's step 0.206 -> 0.170 ms at one row, 0.291 ->
+0.256 at sixteen (H200). Its sums of exponentials are added in another order than the one-program
+kernel's, so a log-probability may differ from it by an ulp or two; dev/rules_kernel_check.py holds
+both to PyTorch's choices and values.
+
 Exactness: the masks are the same integer comparisons; the maxima are exact; the log-probabilities
 use PyTorch's formula, so values differ only by the rounding of the sum of exponentials (its order),
 a few ulps. The argmax is taken over the log-probabilities as computed (not over the logits), first
@@ -44,7 +55,7 @@ from torch import Tensor
 from .logit_rules import VocabLayout
 
 from ... import settings
-from ...ops.triton_support import HAVE_TRITON, pdl_options, tl, triton  # noqa: F401
+from ...ops.triton_support import HAVE_TRITON, arrival_counters, pdl_options, tl, triton  # noqa: F401
 
 libdevice = None
 if HAVE_TRITON:  # pragma: no cover - depends on the installation
@@ -57,6 +68,11 @@ if HAVE_TRITON:  # pragma: no cover - depends on the installation
 
 BLOCK = 4096  # vocabulary entries per iteration (13 iterations over Whisper's text part)
 NUM_WARPS = 16  # one program sweeps a whole row: 16 warps took 56 us against 72 with 8 (H100, dev/rules_kernel_tune.py)
+# The greedy choice without the log-probabilities written (a greedy decode step) splits each row's
+# vocabulary into chunks of this many entries, a program each (26 for Whisper's vocabularies).
+CHUNK = 2048
+CHUNK_WARPS = 4
+SPLIT_GREEDY = True  # False: the one-program-a-row kernel for it too (an A/B switch for benchmarks)
 
 
 
@@ -126,6 +142,97 @@ if HAVE_TRITON:
         return total_m, tl.sum(s * _exp(m - safe, PRECISE), axis=0)
 
     @triton.jit
+    def _row_rules(row, ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr, sample_begin_ptr,
+                   TS_BEGIN: tl.constexpr, HAS_SAMPLE_BEGIN: tl.constexpr):
+        """The row's rule state, as apply_logit_rules derives it line by line: (ts_on, n_gen,
+        sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed, pair_open,
+        after_text)."""
+        ts_on = tl.load(ts_flag_ptr + row) != 0
+        n_gen = tl.load(n_gen_ptr + row).to(tl.int64)
+        if HAS_SAMPLE_BEGIN:
+            sample_begin = tl.load(sample_begin_ptr + row).to(tl.int64)
+        else:
+            sample_begin = n_gen * 0
+        last = tl.load(last_ptr + row).to(tl.int64)
+        penult = tl.load(penult_ptr + row).to(tl.int64)
+        last_ts = tl.load(last_ts_ptr + row).to(tl.int64)
+        initial_limit = TS_BEGIN + tl.load(max_init_ptr + row).to(tl.int64)
+        first = n_gen == sample_begin
+        later = n_gen > sample_begin
+        initial = first & (n_gen == 0)
+        last_is_ts = last >= TS_BEGIN
+        penult = tl.where(n_gen - 1 == sample_begin, last, penult)
+        penult_is_ts = penult >= TS_BEGIN
+        pair_closed = later & last_is_ts & penult_is_ts
+        pair_open = later & last_is_ts & (~penult_is_ts)
+        after_text = later & (~last_is_ts)
+        return (ts_on, n_gen, sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed,
+                pair_open, after_text)
+
+    @triton.jit
+    def _force_rule(x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit,
+                    pair_closed, pair_open, after_text, last_ts, m_text, s_text, m_ts, s_ts,
+                    V: tl.constexpr, TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr,
+                    HAS_BANNED: tl.constexpr, PRECISE: tl.constexpr, BLOCK_TS: tl.constexpr):
+        """From the masked row's (max, sum of exps), text and timestamps apart: whether the timestamps
+        are forced (a sweep over the timestamps, as apply_logit_rules decides it), and the max and
+        log-sum of the log_softmax that is returned: (force, m_out, log_sum_out)."""
+        neg = float("-inf")
+        # log_softmax of the masked row: out = (x - m_all) - log_sum (PyTorch's order of operations).
+        m_all = tl.maximum(m_text, m_ts)
+        m_safe = tl.where(m_all == neg, 0.0, m_all)
+        log_sum = _log(s_text * _exp(m_text - m_safe, PRECISE) + s_ts * _exp(m_ts - m_safe, PRECISE), PRECISE)
+        # max over the text logprobs: rounding is monotonic, so it is the rounded max logit's logprob.
+        max_text_logprob = (m_text - m_all) - log_sum
+        # torch.logsumexp(logprobs[:, ts:]): max shift (0 where infinite), sum of exps, log, + shift.
+        ts_shift = (m_ts - m_all) - log_sum
+        ts_shift = tl.where((ts_shift == neg) | (ts_shift == float("inf")), 0.0, ts_shift)
+        ts_acc = tl.full([], 0.0, tl.float32)
+        for start in range(TS_BEGIN, V, BLOCK_TS):
+            ids = start + tl.arange(0, BLOCK_TS)
+            valid = ids < V
+            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
+                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
+                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            ts_acc += tl.sum(_exp(((xm - m_all) - log_sum) - ts_shift, PRECISE), axis=0)
+        timestamp_logprob = _log(ts_acc, PRECISE) + ts_shift
+        force = ts_on & later & (~pair_closed) & (timestamp_logprob > max_text_logprob)
+        # The returned logits' log_softmax: the forced row keeps its timestamps only.
+        m_out = tl.where(force, m_ts, m_all)
+        log_sum_out = tl.where(force, _log(s_ts, PRECISE), log_sum)
+        return force, m_out, log_sum_out
+
+    @triton.jit
+    def _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, n_gen, sample_begin, last,
+                       last_ts_ptr, last_ptr, penult_ptr, n_gen_ptr, token_ptr, logprob_ptr, no_speech_ptr,
+                       done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
+                       out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix, stride_seen, n_cols,
+                       TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_SPEECH: tl.constexpr, ADVANCE: tl.constexpr,
+                       HAS_SEEN: tl.constexpr, PRECISE: tl.constexpr):
+        """The greedy choice's results: a dead row's NaN, the no-speech probability, then the row's
+        bookkeeping (ADVANCE) or the token, its log-probability and the probability stored."""
+        neg = float("-inf")
+        # Every entry masked: PyTorch's log_softmax gives NaN everywhere, argmax the first (0).
+        dead = m_out == neg
+        best_i = tl.where(dead, 0, best_i)
+        best_v = tl.where(dead, m_out - m_out, best_v)  # NaN
+        # softmax(raw)[no_speech] as exp(x - torch.logsumexp(raw)).
+        raw_shift = tl.where((m_raw == neg) | (m_raw == float("inf")), 0.0, m_raw)
+        raw_lse = _log(s_raw, PRECISE) + raw_shift
+        x_ns = tl.load(x_row + NO_SPEECH)
+        no_speech_prob = _exp(x_ns - raw_lse, PRECISE)
+        if ADVANCE:
+            _advance_row(row, best_i, best_v, no_speech_prob, n_gen, sample_begin, last, last_ts_ptr,
+                         last_ptr, penult_ptr, n_gen_ptr, token_ptr, no_speech_ptr,
+                         done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
+                         out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
+                         stride_seen, n_cols, TS_BEGIN, EOT, HAS_SEEN)
+        else:
+            tl.store(token_ptr + row, best_i)
+            tl.store(logprob_ptr + row, best_v)
+            tl.store(no_speech_ptr + row, no_speech_prob)
+
+    @triton.jit
     def _rules_kernel(
         logits_ptr, stride_l, out_ptr, stride_o,
         suppress_ptr, begin_ptr, ts_flag_ptr, max_init_ptr,
@@ -146,27 +253,9 @@ if HAVE_TRITON:
         neg = float("-inf")
         x_row = logits_ptr + row * stride_l
         ban_row = banned_ptr + row * stride_ban
-
-        # -- the row's rule state (apply_logit_rules, line by line) --------------------------------
-        ts_on = tl.load(ts_flag_ptr + row) != 0
-        n_gen = tl.load(n_gen_ptr + row).to(tl.int64)
-        if HAS_SAMPLE_BEGIN:
-            sample_begin = tl.load(sample_begin_ptr + row).to(tl.int64)
-        else:
-            sample_begin = n_gen * 0
-        last = tl.load(last_ptr + row).to(tl.int64)
-        penult = tl.load(penult_ptr + row).to(tl.int64)
-        last_ts = tl.load(last_ts_ptr + row).to(tl.int64)
-        initial_limit = TS_BEGIN + tl.load(max_init_ptr + row).to(tl.int64)
-        first = n_gen == sample_begin
-        later = n_gen > sample_begin
-        initial = first & (n_gen == 0)
-        last_is_ts = last >= TS_BEGIN
-        penult = tl.where(n_gen - 1 == sample_begin, last, penult)
-        penult_is_ts = penult >= TS_BEGIN
-        pair_closed = later & last_is_ts & penult_is_ts
-        pair_open = later & last_is_ts & (~penult_is_ts)
-        after_text = later & (~last_is_ts)
+        (ts_on, n_gen, sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed, pair_open,
+         after_text) = _row_rules(row, ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr,
+                                  sample_begin_ptr, TS_BEGIN, HAS_SAMPLE_BEGIN)
 
         # -- sweep 1: masked max / sum of exp, text and timestamps apart (and raw for no-speech) ----
         zero = tl.full([], 0.0, tl.float32)
@@ -202,31 +291,10 @@ if HAVE_TRITON:
             if GREEDY:
                 m_raw, s_raw = _online(m_raw, s_raw, x, PRECISE)
 
-        # log_softmax of the masked row: out = (x - m_all) - log_sum (PyTorch's order of operations).
-        m_all = tl.maximum(m_text, m_ts)
-        m_safe = tl.where(m_all == neg, 0.0, m_all)
-        log_sum = _log(s_text * _exp(m_text - m_safe, PRECISE) + s_ts * _exp(m_ts - m_safe, PRECISE), PRECISE)
-
-        # -- sweep 2 (timestamps only): the force rule, as apply_logit_rules computes it -----------
-        # max over the text logprobs: rounding is monotonic, so it is the rounded max logit's logprob.
-        max_text_logprob = (m_text - m_all) - log_sum
-        # torch.logsumexp(logprobs[:, ts:]): max shift (0 where infinite), sum of exps, log, + shift.
-        ts_shift = (m_ts - m_all) - log_sum
-        ts_shift = tl.where((ts_shift == neg) | (ts_shift == float("inf")), 0.0, ts_shift)
-        ts_acc = zero
-        for start in range(TS_BEGIN, V, BLOCK_TS):
-            ids = start + tl.arange(0, BLOCK_TS)
-            valid = ids < V
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
-            ts_acc += tl.sum(_exp(((xm - m_all) - log_sum) - ts_shift, PRECISE), axis=0)
-        timestamp_logprob = _log(ts_acc, PRECISE) + ts_shift
-        force = ts_on & later & (~pair_closed) & (timestamp_logprob > max_text_logprob)
-
-        # The returned logits' log_softmax: the forced row keeps its timestamps only.
-        m_out = tl.where(force, m_ts, m_all)
-        log_sum_out = tl.where(force, _log(s_ts, PRECISE), log_sum)
+        force, m_out, log_sum_out = _force_rule(
+            x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit, pair_closed,
+            pair_open, after_text, last_ts, m_text, s_text, m_ts, s_ts,
+            V, TS_BEGIN, EOT, NO_TS, HAS_BANNED, PRECISE, BLOCK_TS)
 
         # -- sweep 3: write the log-probabilities, or take the first index of their maximum -------
         lane_v = tl.full([BLOCK], neg, tl.float32)
@@ -266,25 +334,11 @@ if HAVE_TRITON:
                 best_v = tl.where(take, v, best_v)
 
         if GREEDY:
-            # Every entry masked: PyTorch's log_softmax gives NaN everywhere, argmax the first (0).
-            dead = m_out == neg
-            best_i = tl.where(dead, 0, best_i)
-            best_v = tl.where(dead, m_out - m_out, best_v)  # NaN
-            # softmax(raw)[no_speech] as exp(x - torch.logsumexp(raw)).
-            raw_shift = tl.where((m_raw == neg) | (m_raw == float("inf")), 0.0, m_raw)
-            raw_lse = _log(s_raw, PRECISE) + raw_shift
-            x_ns = tl.load(x_row + NO_SPEECH)
-            no_speech_prob = _exp(x_ns - raw_lse, PRECISE)
-            if ADVANCE:
-                _advance_row(row, best_i, best_v, no_speech_prob, n_gen, sample_begin, last, last_ts_ptr,
-                             last_ptr, penult_ptr, n_gen_ptr, token_ptr, no_speech_ptr,
-                             done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
-                             out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
-                             stride_seen, n_cols, TS_BEGIN, EOT, HAS_SEEN)
-            else:
-                tl.store(token_ptr + row, best_i)
-                tl.store(logprob_ptr + row, best_v)
-                tl.store(no_speech_ptr + row, no_speech_prob)
+            _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, n_gen, sample_begin, last,
+                           last_ts_ptr, last_ptr, penult_ptr, n_gen_ptr, token_ptr, logprob_ptr, no_speech_ptr,
+                           done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
+                           out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
+                           stride_seen, n_cols, TS_BEGIN, EOT, NO_SPEECH, ADVANCE, HAS_SEEN, PRECISE)
 
     @triton.jit
     def _advance_row(row, choice, logprob, no_speech_prob, n_gen, sample_begin, last, last_ts_ptr,
@@ -321,6 +375,110 @@ if HAVE_TRITON:
             tl.store(token_ptr + row, token)
             finished = (token == EOT) | (n_gen + 1 >= tl.load(max_new_ptr + row))
             tl.store(done_ptr + row, finished.to(tl.uint8))
+
+    @triton.jit
+    def _chunk_span(c, N_TEXT: tl.constexpr, V: tl.constexpr, TS_BEGIN: tl.constexpr, CHUNK: tl.constexpr):
+        """Chunk c's vocabulary ids and which of them exist: text chunks first, then the timestamps'."""
+        text = c < N_TEXT
+        start = tl.where(text, c * CHUNK, TS_BEGIN + (c - N_TEXT) * CHUNK)
+        ids = start + tl.arange(0, CHUNK)
+        return ids, ids < tl.where(text, TS_BEGIN, V), text
+
+    @triton.jit
+    def _combine(m, s, PRECISE: tl.constexpr):
+        """(max, sum of exp(x - max)) of the parts whose own are (m, s), in one vector reduction."""
+        total_m = tl.max(m, axis=0)
+        safe = tl.where(total_m == float("-inf"), 0.0, total_m)
+        return total_m, tl.sum(s * _exp(m - safe, PRECISE), axis=0)
+
+    @triton.jit
+    def _greedy_split_kernel(
+        logits_ptr, stride_l, ws_ptr, lock_ptr,
+        suppress_ptr, begin_ptr, ts_flag_ptr, max_init_ptr,
+        n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr, sample_begin_ptr,
+        banned_ptr, stride_ban,
+        token_ptr, logprob_ptr, no_speech_ptr,
+        done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr, out_tokens_ptr, prefix_ptr, seen_ptr,
+        stride_out_tokens, stride_prefix, stride_seen, n_cols,
+        V: tl.constexpr, TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr,
+        NO_SPEECH: tl.constexpr, HAS_SAMPLE_BEGIN: tl.constexpr, HAS_BANNED: tl.constexpr,
+        ADVANCE: tl.constexpr, HAS_SEEN: tl.constexpr, PRECISE: tl.constexpr,
+        CHUNK: tl.constexpr, N_TEXT: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+        BLOCK_TS: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """The greedy choice with the row's vocabulary split over programs (row, chunk): each chunk's
+        masked and raw (max, sum of exps) and the first index of its largest masked logit go to the
+        workspace; the row's last program to arrive combines them in chunk order (so the result
+        does not depend on which one is last), decides the force rule over the timestamps, and
+        finds the first index of the largest log-probability: log-probabilities are a monotonic
+        function of the masked logits, so the largest is that of the largest logit, and its first
+        index lies in the first chunk whose largest logit gives that same value (two logits may
+        round to one log-probability), which it sweeps again. A row that one program swept took
+        50 us at one row on an H100; here the sweep is spread over about 26 programs."""
+        if PDL:
+            pdl_enter()
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        neg = float("-inf")
+        x_row = logits_ptr + row * stride_l
+        ban_row = banned_ptr + row * stride_ban
+        (ts_on, n_gen, sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed, pair_open,
+         after_text) = _row_rules(row, ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr,
+                                  sample_begin_ptr, TS_BEGIN, HAS_SAMPLE_BEGIN)
+        ids, valid, text = _chunk_span(c, N_TEXT, V, TS_BEGIN, CHUNK)
+        x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
+                              initial_limit, pair_closed, pair_open, after_text, last_ts,
+                              TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+        m, s = _online(tl.full([], neg, tl.float32), tl.full([], 0.0, tl.float32), xm, PRECISE)
+        m_raw, s_raw = _online(tl.full([], neg, tl.float32), tl.full([], 0.0, tl.float32), x, PRECISE)
+        top, at = tl.max(xm, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        part = ws_ptr + (row * CHUNKS + c) * 8
+        tl.store(part + 0, m)
+        tl.store(part + 1, s)
+        tl.store(part + 2, m_raw)
+        tl.store(part + 3, s_raw)
+        tl.store(part + 4, top)
+        tl.store(part + 5, (tl.min(ids, axis=0) + at).to(tl.float32))  # < 2^24: exact in float32
+        # Every thread's stores are made before one thread's release of the arrival count.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(lock_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if arrived == CHUNKS - 1:
+            parts = tl.arange(0, CHUNKS_P2)
+            ok = parts < CHUNKS
+            base = ws_ptr + (row * CHUNKS + parts) * 8
+            pm = tl.load(base + 0, mask=ok, other=neg, cache_modifier=".cg")  # from L2: other SMs wrote these
+            ps = tl.load(base + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            p_text = parts < N_TEXT
+            m_text, s_text = _combine(tl.where(p_text, pm, neg), tl.where(p_text, ps, 0.0), PRECISE)
+            m_ts, s_ts = _combine(tl.where(p_text, neg, pm), tl.where(p_text, 0.0, ps), PRECISE)
+            m_raw, s_raw = _combine(tl.load(base + 2, mask=ok, other=neg, cache_modifier=".cg"),
+                                    tl.load(base + 3, mask=ok, other=0.0, cache_modifier=".cg"), PRECISE)
+            force, m_out, log_sum_out = _force_rule(
+                x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit, pair_closed,
+                pair_open, after_text, last_ts, m_text, s_text, m_ts, s_ts,
+                V, TS_BEGIN, EOT, NO_TS, HAS_BANNED, PRECISE, BLOCK_TS)
+            # Each chunk's best log-probability, as the row's sweep computes them (a forced row keeps
+            # its timestamps only); the first chunk holding the row's best, swept again for its index.
+            tops = tl.load(base + 4, mask=ok, other=neg, cache_modifier=".cg")
+            tops = tl.where(force & p_text, neg, tops)
+            best_per_chunk = tl.where(ok, (tops - m_out) - log_sum_out, neg)
+            best_v = tl.max(best_per_chunk, axis=0)
+            c_best = tl.min(tl.where(best_per_chunk == best_v, parts, CHUNKS - 1), axis=0)
+            ids, valid, text = _chunk_span(c_best, N_TEXT, V, TS_BEGIN, CHUNK)
+            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
+                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
+                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            out = tl.where(valid, (tl.where(force & text, neg, xm) - m_out) - log_sum_out, neg)
+            # The chunk's own best (the value best_v stands for, from this sweep's arithmetic), and
+            # the first index holding it
+            best_v = tl.max(out, axis=0)
+            best_i = tl.min(tl.where(out == best_v, ids, V), axis=0).to(tl.int64)
+            _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, n_gen, sample_begin, last,
+                           last_ts_ptr, last_ptr, penult_ptr, n_gen_ptr, token_ptr, logprob_ptr, no_speech_ptr,
+                           done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
+                           out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
+                           stride_seen, n_cols, TS_BEGIN, EOT, NO_SPEECH, ADVANCE, HAS_SEEN, PRECISE)
+            tl.atomic_xchg(lock_ptr + row, 0)  # ready for the next launch (graph replays reuse the counters)
 
 
 def _flag(t: Tensor) -> Tensor:
@@ -371,6 +529,26 @@ def _launch(
                       seen.stride(0) if seen is not None else 0, st["out_tokens"].shape[1])
     else:
         state_args = (dummy,) * 8 + (0, 0, 0, 1)
+    precise = libdevice is not None and not settings.triton_interpreter()
+    if greedy and not write and SPLIT_GREEDY:  # the vocabulary split over programs (_greedy_split_kernel)
+        n_text = -(-layout.timestamp_begin // CHUNK)
+        chunks = n_text + -(-(n_vocab - layout.timestamp_begin) // CHUNK)
+        workspace = torch.empty(rows * chunks * 8, dtype=torch.float32, device=device)
+        _greedy_split_kernel[(rows, chunks)](
+            logits, logits.stride(0), workspace, arrival_counters(device, rows),
+            _flag(suppress), _flag(suppress_at_begin), _flag(timestamps), max_initial_timestamp.contiguous(),
+            n_gen, last_token.contiguous(), penultimate_token.contiguous(), last_timestamp.contiguous(),
+            sample_begin.contiguous() if sample_begin is not None else dummy,
+            banned if banned is not None else dummy, banned.stride(0) if banned is not None else 0,
+            token, logprob if logprob is not None else logits, no_speech_prob, *state_args,
+            V=n_vocab, TS_BEGIN=layout.timestamp_begin, EOT=layout.eot, NO_TS=layout.no_timestamps,
+            NO_SPEECH=int(no_speech), HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
+            ADVANCE=advance, HAS_SEEN=advance and seen is not None, PRECISE=precise,
+            CHUNK=CHUNK, N_TEXT=n_text, CHUNKS=chunks, CHUNKS_P2=triton.next_power_of_2(chunks),
+            BLOCK_TS=block_ts, num_warps=CHUNK_WARPS, **pdl_options(logits.device, rows),
+            enable_fp_fusion=False,  # the same arithmetic wherever a value is computed again (no contracted FMA)
+        )
+        return out, token, logprob, no_speech_prob
     _rules_kernel[(rows,)](
         logits, logits.stride(0),
         out if write else logits, n_vocab,
@@ -384,7 +562,7 @@ def _launch(
         NO_SPEECH=int(no_speech),
         HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
         WRITE=write, GREEDY=greedy, ADVANCE=advance, HAS_SEEN=advance and seen is not None,
-        PRECISE=(libdevice is not None and not settings.triton_interpreter()),
+        PRECISE=precise,
         BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS, **pdl_options(logits.device, rows),
     )
     return out, token, logprob, no_speech_prob
