@@ -136,7 +136,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _lane_total(m, s, PRECISE: tl.constexpr):
-        """The row's (max, sum of exp(x - max)) from per-lane ones."""
+        """The row's (max, sum of exp(x - max)) from per-lane (or per-chunk) ones."""
         total_m = tl.max(m, axis=0)
         safe = tl.where(total_m == float("-inf"), 0.0, total_m)
         return total_m, tl.sum(s * _exp(m - safe, PRECISE), axis=0)
@@ -385,13 +385,6 @@ if HAVE_TRITON:
         return ids, ids < tl.where(text, TS_BEGIN, V), text
 
     @triton.jit
-    def _combine(m, s, PRECISE: tl.constexpr):
-        """(max, sum of exp(x - max)) of the parts whose own are (m, s), in one vector reduction."""
-        total_m = tl.max(m, axis=0)
-        safe = tl.where(total_m == float("-inf"), 0.0, total_m)
-        return total_m, tl.sum(s * _exp(m - safe, PRECISE), axis=0)
-
-    @triton.jit
     def _greedy_split_kernel(
         logits_ptr, stride_l, ws_ptr, lock_ptr,
         suppress_ptr, begin_ptr, ts_flag_ptr, max_init_ptr,
@@ -449,9 +442,9 @@ if HAVE_TRITON:
             pm = tl.load(base + 0, mask=ok, other=neg, cache_modifier=".cg")  # from L2: other SMs wrote these
             ps = tl.load(base + 1, mask=ok, other=0.0, cache_modifier=".cg")
             p_text = parts < N_TEXT
-            m_text, s_text = _combine(tl.where(p_text, pm, neg), tl.where(p_text, ps, 0.0), PRECISE)
-            m_ts, s_ts = _combine(tl.where(p_text, neg, pm), tl.where(p_text, 0.0, ps), PRECISE)
-            m_raw, s_raw = _combine(tl.load(base + 2, mask=ok, other=neg, cache_modifier=".cg"),
+            m_text, s_text = _lane_total(tl.where(p_text, pm, neg), tl.where(p_text, ps, 0.0), PRECISE)
+            m_ts, s_ts = _lane_total(tl.where(p_text, neg, pm), tl.where(p_text, 0.0, ps), PRECISE)
+            m_raw, s_raw = _lane_total(tl.load(base + 2, mask=ok, other=neg, cache_modifier=".cg"),
                                     tl.load(base + 3, mask=ok, other=0.0, cache_modifier=".cg"), PRECISE)
             force, m_out, log_sum_out = _force_rule(
                 x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit, pair_closed,
