@@ -69,7 +69,7 @@ def check_decode_fusions(m, n, k, dtype, device, parts=4):
     return ok
 
 
-def check_linear(m, n, k, dtype, flags, device, in_place=False, twice=True):
+def check_linear(m, n, k, dtype, flags, device, in_place=False, twice=True, whole_k=None):
     has_bias, gelu, has_res = flags
     lead = m % 2 == 1  # odd M: [M, 1, K] inputs, as the decoder's [batch, 1, d]
     x = strided((m, k), dtype, device, lead)
@@ -84,23 +84,29 @@ def check_linear(m, n, k, dtype, flags, device, in_place=False, twice=True):
     if r is not None:
         ref = ref + r.double()
     t0 = time.perf_counter()
-    fresh = skinny.linear(x, w, b, residual=r, gelu=gelu) if twice or in_place else None
+    fresh = skinny.linear(x, w, b, residual=r, gelu=gelu, whole_k=whole_k) if twice or in_place else None
     # the in-place output overwrites the residual it adds; others start as NaN
     out = r if in_place else torch.full(ref.shape, float("nan"), device=device, dtype=dtype)
-    got = skinny.linear(x, w, b, residual=r, gelu=gelu, out=out)
+    got = skinny.linear(x, w, b, residual=r, gelu=gelu, out=out, whole_k=whole_k)
     fresh = got if fresh is None else fresh
     err = rel_err(got, ref)
     ok = (got is out and got.dtype == dtype and got.shape == ref.shape and not torch.isnan(got).any().item()
           and err < TOLERANCE[dtype] and torch.equal(fresh, got))
-    plan = skinny.linear_plan(x.numel() // k, n, k, skinny._sm_count(device), x.element_size())
+    plan = skinny.linear_plan(x.numel() // k, n, k, skinny._sm_count(device), x.element_size(),
+                              whole_k=_whole_k(whole_k, n, k, x))
     print(f"{time.perf_counter() - t0:5.2f}s linear M={m:2d} N={n:5d} K={k:4d} {str(dtype)[6:]:8s} "
           f"bias={has_bias:d} gelu={gelu:d} res={has_res:d}{' in-place' if in_place else ''} "
-          f"blocks={plan['n_blocks']}x{plan['m_blocks']} splits={plan['splits']} "
+          f"blocks={plan['n_blocks']}x{plan['m_blocks']} of {plan['block_n']} splits={plan['splits']} "
           f"rel err {err:.2e} {'ok' if ok else 'FAIL'}")
     return ok
 
 
-def check_rows_alone(m, n, k, dtype, device, piece=5):
+def _whole_k(whole_k, n, k, x):
+    """The plan ``linear`` takes for ``whole_k`` (None: by the weight's size)."""
+    return skinny.small_product(n, k, x.element_size()) if whole_k is None else whole_k
+
+
+def check_rows_alone(m, n, k, dtype, device, piece=5, whole_k=None):
     """A row's result does not depend on the other rows of the call (batched decoding equals one
     window at a time): M rows at once equal the same rows ``piece`` at a time, bit for bit."""
     x = strided((m, k), dtype, device)
@@ -108,13 +114,13 @@ def check_rows_alone(m, n, k, dtype, device, piece=5):
     b = (torch.randn(n, device=device) * 0.5).to(dtype)
     r = strided((m, n), dtype, device)
     t0 = time.perf_counter()
-    whole = skinny.linear(x, w, b, residual=r, gelu=True)
-    pieces = torch.cat([skinny.linear(x[i:i + piece], w, b, residual=r[i:i + piece], gelu=True)
+    whole = skinny.linear(x, w, b, residual=r, gelu=True, whole_k=whole_k)
+    pieces = torch.cat([skinny.linear(x[i:i + piece], w, b, residual=r[i:i + piece], gelu=True, whole_k=whole_k)
                         for i in range(0, m, piece)])
     ref = F.gelu(x.double() @ w.double().T + b.double()) + r.double()
     err = rel_err(whole, ref)
     ok = torch.equal(whole, pieces) and err < TOLERANCE[dtype]
-    plan = skinny.linear_plan(m, n, k, skinny._sm_count(device), x.element_size())
+    plan = skinny.linear_plan(m, n, k, skinny._sm_count(device), x.element_size(), whole_k=_whole_k(whole_k, n, k, x))
     print(f"{time.perf_counter() - t0:5.2f}s linear M={m:3d} N={n:5d} K={k:4d} {str(dtype)[6:]:8s} rows "
           f"{piece} at a time: {plan['m_blocks']} block(s) of {plan['block_m']} rows, splits={plan['splits']} "
           f"in groups of {plan['group']} "
@@ -195,8 +201,10 @@ def main() -> int:
     for dtype in dtypes:
         for (n, k), m in itertools.product(shapes, (1, 3, 16, 17)):
             # the interpreter cycles through the flag combinations (each appears 2-3 times per dtype)
-            for flags in FLAGS if on_gpu else [FLAGS[(i * 3) % len(FLAGS)]]:
-                ok_all &= check_linear(m, n, k, dtype, flags, device, twice=on_gpu or m == 3)
+            # small weights take one K chunk a program by default (skinny.small_product); split K too
+            for flags, whole_k in (itertools.product(FLAGS, (None, False)) if on_gpu
+                                   else [(FLAGS[(i * 3) % len(FLAGS)], None if i % 2 else False)]):
+                ok_all &= check_linear(m, n, k, dtype, flags, device, twice=on_gpu or m == 3, whole_k=whole_k)
             i += 1
         ok_all &= check_linear(1, 2100, 256, dtype, (True, True, True), device)  # enough blocks: no split-K
         ok_all &= check_linear(70, 77, 130, dtype, (True, False, True), device)  # two row blocks
@@ -205,12 +213,14 @@ def main() -> int:
         # plans differ): chunks of one tile in groups of 4, 4 and 2 (float32: 7, 7, 6); of 2 tiles in
         # groups of 5 and 4 over 2 programs; all in one group; groups of 2 over 5 programs
         for m, n, k in ((70, 64, 1280), (40, 128, 2304), (40, 192, 2560), (40, 64, 1280)):
-            ok_all &= check_rows_alone(m, n, k, dtype, device)
-        # blocks of 32 and 64 rows against the pieces' 16, and no split K (one 64-row block): numpy's
-        # float32 product, the interpreter's, rounds by shape, so float32 is checked on a GPU only
+            ok_all &= check_rows_alone(m, n, k, dtype, device, whole_k=False)
+        # blocks of 32 and 64 rows against the pieces' 16, and no split K (one 64-row block); one K
+        # chunk a program (tiny.en's feed-forward product): numpy's float32 product, the interpreter's,
+        # rounds by shape, so float32 is checked on a GPU only
         if on_gpu or dtype != torch.float32:
             for m, n, k in ((40, 384, 1536), (70, 384, 1536), (40, 2100, 256)):
-                ok_all &= check_rows_alone(m, n, k, dtype, device)
+                ok_all &= check_rows_alone(m, n, k, dtype, device, whole_k=False)
+            ok_all &= check_rows_alone(40, 384, 1536, dtype, device, whole_k=True)
         if on_gpu:  # large-v3's beam-step shapes, and its vocabulary projection (no split K)
             for m, n, k in ((80, 1280, 1280), (80, 1280, 5120), (150, 5120, 1280), (80, 3840, 1280),
                             (80, 51866, 1280), (150, 51866, 1280)):

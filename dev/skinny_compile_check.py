@@ -37,7 +37,7 @@ def compile_plan(plan: dict, dtype: str = "fp16", gelu: bool = False, **extra):
     signature.update(ws_ptr="*fp32", lock_ptr="*i32", M="i32", N="i32", K="i32", sxm="i32", swn="i32",
                      srm="i32", som="i32")
     constants = dict(TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"],
-                     PROGRAMS_K=plan["programs_k"], BLOCK_M=plan["block_m"], BLOCK_N=skinny.BLOCK_N,
+                     PROGRAMS_K=plan["programs_k"], BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
                      BLOCK_K=plan["block_k"], FP32=dtype == "fp32", HAS_BIAS=True, GELU=gelu, HAS_RES=True,
                      PDL=False)
     constants.update(extra)
@@ -49,23 +49,26 @@ def compile_plan(plan: dict, dtype: str = "fp16", gelu: bool = False, **extra):
                                                                enable_fp_fusion=False))
 
 
+SHARED_LIMIT = 232448  # bytes of shared memory a program may have on an H100 / H200 SM (Triton's launch refuses more)
 DOT = re.compile(r"(?:tt\.dot|ttng\.warp_group_dot) (%[\w.]+), (%[\w.]+), (%[\w.]+)")
 
 
-def check(m: int, n: int, k: int, dtype: str = "fp16") -> bool:
-    plan = skinny.linear_plan(m, n, k, 132, 4 if dtype == "fp32" else 2)
+def check(m: int, n: int, k: int, dtype: str = "fp16", whole_k: bool = False) -> bool:
+    plan = skinny.linear_plan(m, n, k, 132, 4 if dtype == "fp32" else 2, whole_k=whole_k)
     t0 = time.perf_counter()
-    ttgir = compile_plan(plan, dtype).asm["ttgir"]
+    compiled = compile_plan(plan, dtype)
+    ttgir = compiled.asm["ttgir"]
+    shared = compiled.metadata.shared
     accumulators = [acc for _, _, acc in DOT.findall(ttgir)]
     # a loop-carried value (%argN) as the accumulator is the chunk loop's own chaining in the one-chunk
     # loop; in the grouped loop a chunk starts from zero (a constant, or a select at its first tile)
     folded = plan["group"] > 1 and any(acc.startswith("%arg") for acc in accumulators)
     copies = ttgir.count("async_copy_global_to_local")
     loop_trips = plan["group"] * plan["tiles"]  # a loop of one tile has nothing to overlap
-    ok = bool(accumulators) and not folded and (copies > 0 or loop_trips == 1)
+    ok = bool(accumulators) and not folded and (copies > 0 or loop_trips == 1) and shared <= SHARED_LIMIT
     print(f"{time.perf_counter() - t0:5.2f}s M={m:3d} N={n:5d} K={k:4d} {dtype} block_m={plan['block_m']} "
           f"tiles={plan['tiles']} splits={plan['splits']} group={plan['group']} programs_k={plan['programs_k']} "
-          f"stages={plan['stages']}: dot accumulators {accumulators}, async copies {copies} "
+          f"stages={plan['stages']} block_n={plan['block_n']} shared {shared // 1024} KiB: dot accumulators {accumulators}, async copies {copies} "
           f"{'ok' if ok else 'FAIL'}")
     return ok
 
@@ -118,6 +121,10 @@ def main() -> int:
             ok &= check(m, n, k)
     ok &= check(80, 1280, 1280, "fp32")
     ok &= check(150, 1280, 1280, "bf16")
+    # tiny.en's products: one K chunk a program in 32-column blocks, up to a prefill's many rows
+    for m, n, k, dtype in ((1, 384, 1536, "fp16"), (16, 1152, 384, "fp16"), (80, 384, 1536, "fp16"),
+                           (4096, 1152, 384, "fp16"), (4096, 384, 1536, "bf16"), (4096, 384, 384, "fp32")):
+        ok &= check(m, n, k, dtype, whole_k=True)
     ok &= check_prefetch()
     print(f"skinny kernel compiles as meant: {ok}")
     return 0 if ok else 1

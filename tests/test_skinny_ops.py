@@ -75,8 +75,8 @@ def test_linear_plan_keeps_the_sum_and_groups_chunks_for_many_rows():
     # large-v3 at 16 windows x 5 beams, by hand: 1280x1280 has 20 column blocks and 10 chunks of one
     # tile; five 16-row blocks x 20 column blocks fit one program an SM (100 <= 132), so each program
     # takes all 10 chunks and no partial goes through the workspace
-    assert linear_plan(80, 1280, 1280, 132) == dict(block_m=16, block_k=128, m_blocks=5, n_blocks=20, tiles=1,
-                                                     splits=10, group=10, programs_k=1, stages=4)
+    assert linear_plan(80, 1280, 1280, 132) == dict(block_m=16, block_n=64, block_k=128, m_blocks=5, n_blocks=20,
+                                                     tiles=1, splits=10, group=10, programs_k=1, stages=4)
     # 3840x1280 (60 column blocks): 16 rows would be 300 pairs, 32 rows 180, 64 rows 120: one wave
     assert linear_plan(80, 3840, 1280, 132)["block_m"] == 64
     assert linear_plan(40, 3840, 1280, 132)["block_m"] == 32
@@ -86,6 +86,20 @@ def test_linear_plan_keeps_the_sum_and_groups_chunks_for_many_rows():
     assert linear_plan(40, 5120, 1280, 132)["block_m"] == 16
     # the vocabulary projection (no split K) keeps the old depth
     assert linear_plan(80, 51866, 1280, 132)["stages"] == 3
+
+
+def test_small_products_take_whole_k_chunks_in_narrow_blocks():
+    from ostinato.ops.skinny import linear_plan, small_product
+
+    # tiny.en's half-precision layer products are small, large-v3's and any vocabulary projection are not
+    assert all(small_product(n, k, 2) for n, k in ((384, 384), (1152, 384), (1536, 384), (384, 1536)))
+    assert not any(small_product(n, k, 2) for n, k in ((1280, 1280), (51864, 384), (384, 1536 * 2)))
+    for m in (1, 16, 80, 256):
+        # by hand: 384 x 1536 in 32-column blocks: 12 blocks, K in 6 tiles of 256, one chunk, no workspace
+        plan = linear_plan(m, 384, 1536, 132, whole_k=True)
+        assert (plan["block_n"], plan["n_blocks"], plan["block_k"], plan["tiles"], plan["splits"], plan["programs_k"]) \
+            == (32, 12, 256, 6, 1, 1)
+    assert linear_plan(1, 384, 1536, 132)["splits"] > 1  # the default plan splits K
 
 
 def test_importing_ostinato_leaves_triton_alone(tmp_path):

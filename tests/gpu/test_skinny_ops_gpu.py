@@ -82,6 +82,25 @@ def test_a_row_does_not_depend_on_the_others(m, n, k, bias, gelu, res, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [80, 150, 300])
+@pytest.mark.parametrize("n,k", [(1152, 384), (384, 1536)], ids=str)
+def test_a_small_product_row_does_not_depend_on_the_others(m, n, k, dtype):
+    """tiny.en's products (one K chunk a program, 32-column blocks, up to 64-row blocks for a prefill's
+    many rows): m rows at once give the bits of the same rows 5 at a time."""
+    torch.manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w, b = layer(n, k, dtype, True)
+    r = torch.randn(m, n, device="cuda").to(dtype)
+    plan = skinny.linear_plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count,
+                              x.element_size(), whole_k=True)
+    assert skinny.small_product(n, k, x.element_size()) and plan["block_n"] == 32 and plan["m_blocks"] > 1
+    whole = skinny.linear(x, w, b, residual=r, gelu=True)
+    pieces = torch.cat([skinny.linear(x[i:i + 5], w, b, residual=r[i:i + 5], gelu=True) for i in range(0, m, 5)])
+    assert torch.equal(whole, pieces)
+    assert rel_err(whole, linear_ref(x, w, b, r, True)) < TOLERANCE.get(dtype, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_add_layer_norm_matches(m, dtype):
     torch.manual_seed(m)

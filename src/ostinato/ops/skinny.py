@@ -43,6 +43,13 @@ if HAVE_TRITON:
 
 PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in flight
 BLOCK_N = 64  # weight rows per program
+# A product whose weight is at most this many bytes (tiny.en's and base's layers, small's 768 x 768) runs one K
+# chunk a program in blocks of SMALL_BLOCK_N weight rows, where split K would add a second pass over partials
+# to a latency-bound chain: tiny.en's step on an H200 0.169 -> 0.158 ms at one row, 0.255 -> 0.236 at 16
+# (64-row blocks without split K: 0.204 / 0.279 against 0.209 / 0.293 split, with 16-row blocks 0.202 / 0.299).
+SMALL_WEIGHT_BYTES = 3 << 19
+SMALL_BLOCK_N = 32
+WHOLE_K_MAX_BLOCK_M = 64  # (64 + 32) x 256 half-precision elements a stage, three stages: 144 KiB
 TILE_BYTES = 16384  # BLOCK_N x BLOCK_K weight bytes per pipeline stage: K 128 in half, 64 in float32
 MAX_WORKSPACE_RATIO = 1.0  # partial-sum traffic (float32 write + read, mostly in L2) <= the weight bytes
 NUM_STAGES = 3  # software pipelining depth of the K loop (cp.async on sm80+), one chunk a program
@@ -83,7 +90,8 @@ def block_rows(m: int, splits: int, n_blocks: int, n_sm: int) -> int:
     return ROW_BLOCK if -(-m // ROW_BLOCK) * n_blocks <= PROGRAMS_PER_SM * n_sm else 2 * ROW_BLOCK
 
 
-def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2, one_wave: bool = False) -> dict:
+def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2, one_wave: bool = False,
+                whole_k: bool = False) -> dict:
     """Block sizes and split-K for ``linear``.
 
     The sum (``splits`` K chunks of ``tiles`` BLOCK_K tiles each, the chunks' partials added in chunk
@@ -102,27 +110,38 @@ def linear_plan(m: int, n: int, k: int, n_sm: int, elem_bytes: int = 2, one_wave
     column blocks allow it (fewer chunks, rounded down): a launch that spills a few programs into a
     second wave waits on them, and with PDL the next launch's waiting programs take their room.
     Qwen3-8B's 36 layers of decode linears at one row on an H100: 5.45 ms with PDL this way, 5.61
-    without PDL the other way, 6.80 with PDL the other way."""
-    block_k = TILE_BYTES // (BLOCK_N * elem_bytes)
-    n_blocks = -(-n // BLOCK_N)
+    without PDL the other way, 6.80 with PDL the other way.
+
+    ``whole_k``: one K chunk a program in ``SMALL_BLOCK_N``-column blocks (``small_product``): no
+    partials, no arrival count, no second pass over them."""
+    block_n = SMALL_BLOCK_N if whole_k else BLOCK_N
+    block_k = TILE_BYTES // (block_n * elem_bytes)
+    n_blocks = -(-n // block_n)
     k_tiles = -(-k // block_k)
     wanted = (max(1, PROGRAMS_PER_SM * n_sm // n_blocks) if one_wave
               else -(-PROGRAMS_PER_SM * n_sm // n_blocks))
     # partial traffic 2 * splits * rows * N * 4 bytes vs weight N * K * elem_bytes
-    cap = max(1, int(MAX_WORKSPACE_RATIO * k * elem_bytes / (8 * ROW_BLOCK)))
+    cap = 1 if whole_k else max(1, int(MAX_WORKSPACE_RATIO * k * elem_bytes / (8 * ROW_BLOCK)))
     splits = max(1, min(wanted, cap, k_tiles))
     tiles = -(-k_tiles // splits)
     splits = -(-k_tiles // tiles)
     block_m = block_rows(m, splits, n_blocks, n_sm)
+    if whole_k:  # its K tiles are twice as wide: three stages of 128 rows would overflow shared memory
+        block_m = min(block_m, WHOLE_K_MAX_BLOCK_M)
     m_blocks = -(-m // block_m)
     group = 1  # one row block: one chunk a program, as the plan was made
     if m_blocks > 1:
         budget = GROUPED_PROGRAMS_PER_SM * n_sm
         group = next(g for g in range(1, splits + 1) if n_blocks * m_blocks * -(-splits // g) <= budget
                      or g == splits)
-    return dict(block_m=block_m, block_k=block_k, m_blocks=m_blocks, n_blocks=n_blocks, tiles=tiles,
-                splits=splits, group=group, programs_k=-(-splits // group),
+    return dict(block_m=block_m, block_n=block_n, block_k=block_k, m_blocks=m_blocks, n_blocks=n_blocks,
+                tiles=tiles, splits=splits, group=group, programs_k=-(-splits // group),
                 stages=GROUPED_STAGES if group > 1 else NUM_STAGES)
+
+
+def small_product(n: int, k: int, elem_bytes: int) -> bool:
+    """Whether a product's weight is small enough (``SMALL_WEIGHT_BYTES``) for ``linear_plan(whole_k=True)``."""
+    return n * k * elem_bytes <= SMALL_WEIGHT_BYTES
 
 
 if HAVE_TRITON:
@@ -438,7 +457,7 @@ def add_layer_norm(x: torch.Tensor, residual_update: torch.Tensor | None, weight
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, gelu: bool = False, out: torch.Tensor | None = None,
            pdl: bool = True, norm: tuple | None = None, swiglu: bool = False, square_sums: bool = False,
-           one_wave: bool = False, prefetch: bool = False):
+           one_wave: bool = False, prefetch: bool = False, whole_k: bool | None = None):
     """gelu?(x @ weight^T + bias) + residual for a few rows, accumulated in float32, one rounding.
 
     x [..., K] (any row strides, contiguous last dimension); weight [N, K] (nn.Linear layout, rows
@@ -458,6 +477,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ``prefetch``: where the launch has PDL, each program asks L2 for its weight lines before waiting on
     the kernel ahead (for chains of small products that wait on latency, not bandwidth: a Whisper
     step; Qwen3-8B's bandwidth-bound step was slower with it). The result is unchanged.
+    ``whole_k``: ``linear_plan``'s one K chunk a program (its own sum order); None: where the weight is
+    small (``small_product``) and neither ``one_wave`` nor ``square_sums`` asks for the 64-column plans.
     """
     k = x.shape[-1] // 2 if swiglu else x.shape[-1]
     n = weight.shape[0]
@@ -481,7 +502,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                              or not ss_in.is_contiguous() or norm_weight.shape != (k,)):
         raise ValueError(f"linear: norm needs square sums [{m}, parts] float32 (contiguous) and a weight [{k}]")
     n_sm = _sm_count(x.device)
-    plan = linear_plan(m, n, k, n_sm, x.element_size(), one_wave=one_wave)
+    if whole_k is None:  # (a language model's folds keep the 64-column blocks their square sums count in)
+        whole_k = not one_wave and not square_sums and small_product(n, k, x.element_size())
+    plan = linear_plan(m, n, k, n_sm, x.element_size(), one_wave=one_wave, whole_k=whole_k)
     ss_out = torch.empty(m, plan["n_blocks"], device=x.device, dtype=torch.float32) if square_sums else None
     if m == 0:
         return (o, ss_out) if square_sums else o
@@ -505,7 +528,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         ss_in if norm is not None else ws, ss_in.shape[1] if norm is not None else 1,
         norm_weight if norm is not None else ws, float(eps), ss_out if square_sums else ws,
         TILES=plan["tiles"], SPLITS=plan["splits"], GROUP=plan["group"], PROGRAMS_K=plan["programs_k"],
-        BLOCK_M=plan["block_m"], BLOCK_N=BLOCK_N, BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32,
+        BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], BLOCK_K=plan["block_k"], FP32=x.dtype == torch.float32,
         num_warps=4, num_stages=plan["stages"], **flags,
         enable_fp_fusion=False,  # the epilogue's multiply-adds round alike in every program's layout
         **launch)
