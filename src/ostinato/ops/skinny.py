@@ -43,10 +43,11 @@ if HAVE_TRITON:
 
 PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough weight loads in flight
 BLOCK_N = 64  # weight rows per program
-# A product whose weight is at most this many bytes (tiny.en's and base's layers, small's 768 x 768) runs one K
-# chunk a program in blocks of SMALL_BLOCK_N weight rows, where split K would add a second pass over partials
-# to a latency-bound chain: tiny.en's step on an H200 0.169 -> 0.158 ms at one row, 0.255 -> 0.236 at 16
-# (64-row blocks without split K: 0.204 / 0.279 against 0.209 / 0.293 split, with 16-row blocks 0.202 / 0.299).
+# A half-precision product whose weight is at most this many bytes (tiny.en's layers, base's attention, small's
+# 768 x 768) runs one K chunk a program in blocks of SMALL_BLOCK_N weight rows, where split K would add a second
+# pass over partials to a latency-bound chain: tiny.en's step on an H200 0.170 -> 0.155 ms at one row, 0.254 ->
+# 0.232 at 16 (a probe before the greedy rules' split: 64 columns without split K 0.204 / 0.279 against 0.209 /
+# 0.293 split, 16 columns 0.202 / 0.299, 32 columns 0.198 / 0.272).
 SMALL_WEIGHT_BYTES = 3 << 19
 SMALL_BLOCK_N = 32
 WHOLE_K_MAX_BLOCK_M = 64  # (64 + 32) x 256 half-precision elements a stage, three stages: 144 KiB
