@@ -27,7 +27,7 @@ layout); the launch grid is the batch, so the call can be captured in a CUDA gra
 A greedy step needs only the choice, not the row of log-probabilities, and one program sweeping
 51,864 entries three times was a quarter of tiny.en's step (50 us of 206 at one row on an H200).
 ``_greedy_split_kernel`` spreads each row over programs of ``CHUNK`` entries: each sweeps its chunk
-once (masked and raw maximum and sum of exponentials, its largest masked logit and where), and the
+once (masked and raw maximum and sum of exponentials, its largest masked logit), and the
 row's last program to arrive (an arrival counter, as ``ops.skinny``'s split products) combines the
 chunks in chunk order, sweeps the timestamps for the force rule and one chunk again for the first
 index of the best log-probability: 13.5 us, and tiny.en's step 0.206 -> 0.170 ms at one row, 0.291 ->
@@ -72,6 +72,7 @@ NUM_WARPS = 16  # one program sweeps a whole row: 16 warps took 56 us against 72
 # vocabulary into chunks of this many entries, a program each (26 for Whisper's vocabularies).
 CHUNK = 2048
 CHUNK_WARPS = 4
+CHUNK_PARTS = 5  # what a chunk leaves in the workspace: masked max and sum, raw max and sum, largest masked logit
 SPLIT_GREEDY = True  # False: the one-program-a-row kernel for it too (an A/B switch for benchmarks)
 
 
@@ -397,17 +398,16 @@ if HAVE_TRITON:
         NO_SPEECH: tl.constexpr, HAS_SAMPLE_BEGIN: tl.constexpr, HAS_BANNED: tl.constexpr,
         ADVANCE: tl.constexpr, HAS_SEEN: tl.constexpr, PRECISE: tl.constexpr,
         CHUNK: tl.constexpr, N_TEXT: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-        BLOCK_TS: tl.constexpr, PDL: tl.constexpr,
+        PARTS: tl.constexpr, BLOCK_TS: tl.constexpr, PDL: tl.constexpr,
     ):
         """The greedy choice with the row's vocabulary split over programs (row, chunk): each chunk's
-        masked and raw (max, sum of exps) and the first index of its largest masked logit go to the
-        workspace; the row's last program to arrive combines them in chunk order (so the result
+        masked and raw (max, sum of exps) and its largest masked logit go to the workspace; the row's last program to arrive combines them in chunk order (so the result
         does not depend on which one is last), decides the force rule over the timestamps, and
         finds the first index of the largest log-probability: log-probabilities are a monotonic
         function of the masked logits, so the largest is that of the largest logit, and its first
         index lies in the first chunk whose largest logit gives that same value (two logits may
         round to one log-probability), which it sweeps again. A row that one program swept took
-        50 us at one row on an H100; here the sweep is spread over about 26 programs."""
+        50 us at one row on an H200; here the sweep is spread over about 26 programs."""
         if PDL:
             pdl_enter()
         row = tl.program_id(0).to(tl.int64)
@@ -424,21 +424,19 @@ if HAVE_TRITON:
                               TS_BEGIN, EOT, NO_TS, HAS_BANNED)
         m, s = _online(tl.full([], neg, tl.float32), tl.full([], 0.0, tl.float32), xm, PRECISE)
         m_raw, s_raw = _online(tl.full([], neg, tl.float32), tl.full([], 0.0, tl.float32), x, PRECISE)
-        top, at = tl.max(xm, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        part = ws_ptr + (row * CHUNKS + c) * 8
+        part = ws_ptr + (row * CHUNKS + c) * PARTS
         tl.store(part + 0, m)
         tl.store(part + 1, s)
         tl.store(part + 2, m_raw)
         tl.store(part + 3, s_raw)
-        tl.store(part + 4, top)
-        tl.store(part + 5, (tl.min(ids, axis=0) + at).to(tl.float32))  # < 2^24: exact in float32
+        tl.store(part + 4, tl.max(xm, axis=0))
         # Every thread's stores are made before one thread's release of the arrival count.
         tl.debug_barrier()
         arrived = tl.atomic_add(lock_ptr + row, 1, sem="acq_rel", scope="gpu")
         if arrived == CHUNKS - 1:
             parts = tl.arange(0, CHUNKS_P2)
             ok = parts < CHUNKS
-            base = ws_ptr + (row * CHUNKS + parts) * 8
+            base = ws_ptr + (row * CHUNKS + parts) * PARTS
             pm = tl.load(base + 0, mask=ok, other=neg, cache_modifier=".cg")  # from L2: other SMs wrote these
             ps = tl.load(base + 1, mask=ok, other=0.0, cache_modifier=".cg")
             p_text = parts < N_TEXT
@@ -522,42 +520,37 @@ def _launch(
                       seen.stride(0) if seen is not None else 0, st["out_tokens"].shape[1])
     else:
         state_args = (dummy,) * 8 + (0, 0, 0, 1)
-    precise = libdevice is not None and not settings.triton_interpreter()
-    if greedy and not write and SPLIT_GREEDY:  # the vocabulary split over programs (_greedy_split_kernel)
-        n_text = -(-layout.timestamp_begin // CHUNK)
-        chunks = n_text + -(-(n_vocab - layout.timestamp_begin) // CHUNK)
-        workspace = torch.empty(rows * chunks * 8, dtype=torch.float32, device=device)
-        _greedy_split_kernel[(rows, chunks)](
-            logits, logits.stride(0), workspace, arrival_counters(device, rows),
-            _flag(suppress), _flag(suppress_at_begin), _flag(timestamps), max_initial_timestamp.contiguous(),
-            n_gen, last_token.contiguous(), penultimate_token.contiguous(), last_timestamp.contiguous(),
-            sample_begin.contiguous() if sample_begin is not None else dummy,
-            banned if banned is not None else dummy, banned.stride(0) if banned is not None else 0,
-            token, logprob if logprob is not None else logits, no_speech_prob, *state_args,
-            V=n_vocab, TS_BEGIN=layout.timestamp_begin, EOT=layout.eot, NO_TS=layout.no_timestamps,
-            NO_SPEECH=int(no_speech), HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
-            ADVANCE=advance, HAS_SEEN=advance and seen is not None, PRECISE=precise,
-            CHUNK=CHUNK, N_TEXT=n_text, CHUNKS=chunks, CHUNKS_P2=triton.next_power_of_2(chunks),
-            BLOCK_TS=block_ts, num_warps=CHUNK_WARPS, **pdl_options(logits.device, rows),
-            enable_fp_fusion=False,  # the same arithmetic wherever a value is computed again (no contracted FMA)
-        )
-        return out, token, logprob, no_speech_prob
-    _rules_kernel[(rows,)](
-        logits, logits.stride(0),
-        out if write else logits, n_vocab,
+    # What both kernels take after their first arguments: the rule state, the outputs, the row state
+    rule_args = (
         _flag(suppress), _flag(suppress_at_begin), _flag(timestamps), max_initial_timestamp.contiguous(),
         n_gen, last_token.contiguous(), penultimate_token.contiguous(), last_timestamp.contiguous(),
         sample_begin.contiguous() if sample_begin is not None else dummy,
         banned if banned is not None else dummy, banned.stride(0) if banned is not None else 0,
         token if greedy else dummy, logprob if logprob is not None else logits,
         no_speech_prob if greedy else logits, *state_args,
-        V=n_vocab, TS_BEGIN=layout.timestamp_begin, EOT=layout.eot, NO_TS=layout.no_timestamps,
-        NO_SPEECH=int(no_speech),
-        HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
-        WRITE=write, GREEDY=greedy, ADVANCE=advance, HAS_SEEN=advance and seen is not None,
-        PRECISE=precise,
-        BLOCK=BLOCK, BLOCK_TS=block_ts, num_warps=NUM_WARPS, **pdl_options(logits.device, rows),
     )
+    constants = dict(
+        V=n_vocab, TS_BEGIN=layout.timestamp_begin, EOT=layout.eot, NO_TS=layout.no_timestamps,
+        NO_SPEECH=int(no_speech), HAS_SAMPLE_BEGIN=sample_begin is not None, HAS_BANNED=banned is not None,
+        ADVANCE=advance, HAS_SEEN=advance and seen is not None,
+        PRECISE=libdevice is not None and not settings.triton_interpreter(), BLOCK_TS=block_ts,
+        **pdl_options(logits.device, rows),
+    )
+    if greedy and not write and SPLIT_GREEDY:  # the vocabulary split over programs (_greedy_split_kernel)
+        n_text = -(-layout.timestamp_begin // CHUNK)
+        chunks = n_text + -(-(n_vocab - layout.timestamp_begin) // CHUNK)
+        workspace = torch.empty(rows * chunks * CHUNK_PARTS, dtype=torch.float32, device=device)
+        _greedy_split_kernel[(rows, chunks)](
+            logits, logits.stride(0), workspace, arrival_counters(device, rows), *rule_args,
+            CHUNK=CHUNK, N_TEXT=n_text, CHUNKS=chunks, CHUNKS_P2=triton.next_power_of_2(chunks),
+            PARTS=CHUNK_PARTS, num_warps=CHUNK_WARPS, **constants,
+            enable_fp_fusion=False,  # the same arithmetic wherever a value is computed again (no contracted FMA)
+        )
+    else:
+        _rules_kernel[(rows,)](
+            logits, logits.stride(0), out if write else logits, n_vocab, *rule_args,
+            WRITE=write, GREEDY=greedy, BLOCK=BLOCK, num_warps=NUM_WARPS, **constants,
+        )
     return out, token, logprob, no_speech_prob
 
 
