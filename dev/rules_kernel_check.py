@@ -15,7 +15,8 @@ of the maximum across blocks, and two logits one ulp apart that round to the sam
 Checked per case: the same -inf and NaN pattern, finite log-probabilities within 1e-5, the same argmax
 (first index on ties), the same forced-timestamp decisions, and for the greedy kernels (the one that
 writes the log-probabilities too, and the one that splits each row over programs) the token, its
-log-probability and the no-speech probability. Prints one line per case and ends with
+log-probability and the no-speech probability (the split one also from half-precision logits, against
+the reference on their values). Prints one line per case and ends with
 ``rules kernel == torch: True`` (exit 1 otherwise). SEED=n repeats a run.
 
 Importable: tests/gpu/test_rules_kernel_gpu.py uses make_case / reference / compare on CUDA.
@@ -260,6 +261,13 @@ def run_case(case, layout, no_speech, device, stats, label):
     ok5, msg5 = compare_greedy(ref, split_token, split_logprob, split_ns)
     if not ok5:
         msg2 += f"; split: {msg5}"
+    # A half model's step hands the split kernel its half-precision logits: the reference takes their values
+    half = logits.half()
+    ref_half = reference(dict(case, logits=half.float().to(case["logits"].device)), layout, no_speech, device)
+    ok6, msg6 = compare_greedy(ref_half, *rk.fused_greedy_choice(half, layout, **args, no_speech=no_speech))
+    if not ok6:
+        msg2 += f"; split, half logits: {msg6}"
+    ok5 = ok5 and ok6
     same = torch.equal(out.nan_to_num(0.0, 0.0, 0.0), out2.nan_to_num(0.0, 0.0, 0.0))
     forced = forced_rows(case, layout, out, device)
     ok3 = torch.equal(forced, ref["forced"])

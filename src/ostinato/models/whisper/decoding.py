@@ -324,8 +324,10 @@ class WindowDecoder:
             # Eager on the CPU, where reading the rows' positions is free: self-attention over the
             # written positions only, not the whole context (0.3-1 ms of a tiny.en step early on).
             filled = int(st["position"][:rows].max()) + 1
-        logits = self.run_decoder(rows, filled=filled, group=group)
-        if self._fused_rules and not sample:
+        fused = self._fused_rules and not sample
+        # the fused rules read half-precision logits themselves; the penalty's multiply wants float32
+        logits = self.run_decoder(rows, filled=filled, group=group, float_logits=not fused or penalize)
+        if fused:
             # Rules, log-softmax, argmax, the no-speech probability and everything below in one kernel.
             rows_state = {name: st[name][:rows] for name in self._ADVANCED}
             rows_state["seen"] = st["seen"][:rows] if penalize else None
@@ -372,10 +374,11 @@ class WindowDecoder:
         # noise -log(-log(u)) is always finite (24 bits would round the top value up to 1.0).
         return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
-    def run_decoder(self, rows: int, filled: Optional[int] = None, group: int = 1) -> Tensor:
-        """One decoder step on each row's current token: float32 logits [rows, n_vocab]. ``filled``:
-        a bound on every row's position; ``group``: rows in groups of this size hold one window, whose
-        cross-attention K/V is slot ``row // group``."""
+    def run_decoder(self, rows: int, filled: Optional[int] = None, group: int = 1, float_logits: bool = True) -> Tensor:
+        """One decoder step on each row's current token: float32 logits [rows, n_vocab] (with
+        ``float_logits=False`` in the model's dtype). ``filled``: a bound on every row's position;
+        ``group``: rows in groups of this size hold one window, whose cross-attention K/V is slot
+        ``row // group``."""
         st = self.state
         return self.model.decoder(
             st["token"][:rows, None],
@@ -386,6 +389,7 @@ class WindowDecoder:
             self._layer_views("cross_v", rows // group),
             filled=filled,
             cross_group=group,
+            float_logits=float_logits,
         )[:, 0]
 
     def record_no_speech(self, logits: Tensor, rows: int) -> None:

@@ -28,8 +28,9 @@ from ...ops.triton_support import kernels_can_run
 from .config import WhisperDims
 
 # The Triton kernels, imported (Triton with them) at their first use or by the load's helper thread
-KERNEL_MODULES = ("ostinato.ops.decode_attention", "ostinato.ops.skinny", "ostinato.ops.slot_write")
-attention_ops, skinny, slot_write = (LazyModule(name) for name in KERNEL_MODULES)
+KERNEL_MODULES = ("ostinato.ops.decode_attention", "ostinato.ops.skinny", "ostinato.ops.slot_write",
+                  "ostinato.ops.embedding")
+attention_ops, skinny, slot_write, embedding_ops = (LazyModule(name) for name in KERNEL_MODULES)
 
 
 # The fused step's products whose weights are at most this size ask L2 for them while the kernel
@@ -52,7 +53,8 @@ def fused_step_supported(device: torch.device, dtype: torch.dtype, head_dim: int
 
 
 def fused_step_enabled(x: Tensor, head_dim: int) -> bool:
-    """Whether a one-token decode step on ``x`` runs through the fused half-precision operators."""
+    """Whether a one-token decode step on ``x`` (its activations, or its weights: their device and
+    dtype) runs through the fused half-precision operators."""
     return fused_step_supported(x.device, x.dtype, head_dim)
 
 
@@ -333,8 +335,10 @@ class TextDecoder(nn.Module):
         cross_group: int = 1,
         cross_rows: Optional[Tensor] = None,
         logits_at: Union[int, Tensor, None] = None,
+        float_logits: bool = True,
     ) -> Tensor:
-        """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab].
+        """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab]
+        (``float_logits=False``: in the model's dtype, for a reader that converts them itself).
 
         ``self_k``/``self_v`` are per-layer caches [B, H, n_ctx, D] (views of persistent buffers);
         keys at positions greater than a query's own position are masked, so stale cache entries
@@ -349,25 +353,25 @@ class TextDecoder(nn.Module):
         In half precision on CUDA the fused operators run it (several tokens per row, a prompt's
         prefill, as rows of their own); a row's result then does not depend on the other rows.
         """
-        x = self.token_embedding(tokens) + self.positional_embedding[positions]
         b, t = tokens.shape
-        head_dim = x.shape[-1] // self.n_head
-        if fused_step_enabled(x, head_dim):
-            lengths = positions.reshape(-1) + 1  # a query sees the keys up to its own position
+        weight = self.token_embedding.weight
+        head_dim = weight.shape[-1] // self.n_head
+        if fused_step_enabled(weight, head_dim):
+            # every token a row of the fused operators; a query sees the keys up to its own position
+            x, lengths = embedding_ops.embed_rows(tokens, positions, weight, self.positional_embedding)
             self_rows = write_index = None
-            if t > 1:  # every token a row of the fused operators, reading its row's cache
+            if t > 1:  # reading its row's cache
                 self_rows = torch.arange(b, device=x.device).repeat_interleave(t)
                 write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
-            x = x.reshape(b * t, -1)
             for i, block in enumerate(self.blocks):
                 x = block.decode_fused(x, self_k[i], self_v[i], lengths, cross_k[i], cross_v[i], cross_group * t,
                                        cross_rows, self_rows, write_index)
             if logits_at is not None and t > 1:
                 x = _at_positions(x.view(b, t, -1), logits_at)[:, 0].contiguous()
             x = skinny.add_layer_norm(x, None, self.ln.weight, self.ln.bias, self.ln.eps)[1]
-            logits = skinny.linear(x, self.token_embedding.weight,
-                                   prefetch=_prefetch(self.token_embedding.weight)).float()
-            return logits.view(b, -1, logits.shape[-1])
+            logits = skinny.linear(x, weight, prefetch=_prefetch(weight))
+            return (logits.float() if float_logits else logits).view(b, -1, logits.shape[-1])
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
         write_index = positions[:, None, :, None].expand(b, self.n_head, t, head_dim)
         keys = self.n_ctx if filled is None else min(int(filled), self.n_ctx)
         key_positions = torch.arange(keys, device=tokens.device)

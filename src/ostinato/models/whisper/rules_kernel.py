@@ -101,7 +101,7 @@ if HAVE_TRITON:
                       TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr, HAS_BANNED: tl.constexpr):
         """(raw, masked) logits of one block: apply_logit_rules' mask, before the forced timestamp."""
         neg = float("-inf")
-        x = tl.load(x_row + ids, mask=valid, other=neg)
+        x = tl.load(x_row + ids, mask=valid, other=neg).to(tl.float32)
         mask = tl.load(suppress_ptr + ids, mask=valid, other=0) != 0
         mask = mask | (first & (tl.load(begin_ptr + ids, mask=valid, other=0) != 0))
         if HAS_BANNED:
@@ -220,7 +220,7 @@ if HAVE_TRITON:
         # softmax(raw)[no_speech] as exp(x - torch.logsumexp(raw)).
         raw_shift = tl.where((m_raw == neg) | (m_raw == float("inf")), 0.0, m_raw)
         raw_lse = _log(s_raw, PRECISE) + raw_shift
-        x_ns = tl.load(x_row + NO_SPEECH)
+        x_ns = tl.load(x_row + NO_SPEECH).to(tl.float32)
         no_speech_prob = _exp(x_ns - raw_lse, PRECISE)
         if ADVANCE:
             _advance_row(row, best_i, best_v, no_speech_prob, n_gen, sample_begin, last, last_ts_ptr,
@@ -478,6 +478,11 @@ def _flag(t: Tensor) -> Tensor:
     return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
+# Half-precision logits are read as they come (each converted to float32 on load, the values of
+# ``logits.float()``): a half model's step skips a conversion launch.
+LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _launch(
     logits: Tensor, layout: VocabLayout, suppress: Tensor, suppress_at_begin: Tensor, timestamps: Tensor,
     max_initial_timestamp: Tensor, n_generated: Tensor, last_token: Tensor, penultimate_token: Tensor,
@@ -486,8 +491,8 @@ def _launch(
 ):
     if not HAVE_TRITON:
         raise RuntimeError("Triton is not installed")
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(f"expected float32 logits [B, V], got {tuple(logits.shape)} {logits.dtype}")
+    if logits.dim() != 2 or logits.dtype not in LOGIT_DTYPES:
+        raise ValueError(f"expected float32 or half logits [B, V], got {tuple(logits.shape)} {logits.dtype}")
     rows, n_vocab = logits.shape
     if not 0 < layout.timestamp_begin <= n_vocab:
         raise ValueError("timestamp_begin must lie inside the vocabulary")
