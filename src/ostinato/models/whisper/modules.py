@@ -338,7 +338,8 @@ class TextDecoder(nn.Module):
         float_logits: bool = True,
     ) -> Tensor:
         """Run ``tokens`` [B, T] at ``positions`` [B, T]; return float32 logits [B, T, n_vocab]
-        (``float_logits=False``: in the model's dtype, for a reader that converts them itself).
+        (``float_logits=False``: the fused operators leave them in the model's dtype, for a reader
+        that converts them itself; the plain path's are float32 either way).
 
         ``self_k``/``self_v`` are per-layer caches [B, H, n_ctx, D] (views of persistent buffers);
         keys at positions greater than a query's own position are masked, so stale cache entries
