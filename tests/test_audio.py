@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ostinato.audio import audio_duration, load_audio
+from ostinato.audio import audio_duration, length_hint, load_audio
 from ostinato.errors import AudioError
 
 av = pytest.importorskip("av")
@@ -152,6 +152,20 @@ def test_decode_matches_faster_whisper_reference():
         assert np.array_equal(audio, expected)
     else:  # another bundled FFmpeg may resample a little differently
         assert np.abs(audio - expected).max() < 1e-2
+
+
+def test_length_hint_orders_sources_without_reading_them(tmp_path):
+    short, long = tmp_path / "short.wav", tmp_path / "long.wav"
+    write_wav(short, tone(seconds=0.5))
+    write_wav(long, tone(seconds=2.0))
+    assert length_hint(long) > length_hint(short) > 0
+    assert length_hint(str(short)) == short.stat().st_size
+    assert length_hint(np.zeros(320, np.float32)) == 320
+    assert length_hint(np.zeros((2, 160), np.int16)) == 160  # channels first: samples per channel
+    assert length_hint(torch.zeros(48)) == 48
+    assert length_hint(b"\0" * 10) == 10
+    assert length_hint(tmp_path / "missing.wav") == 0  # its worker reports it
+    assert length_hint(io.BytesIO(b"abc")) == 0
 
 
 # ---- in-memory samples ------------------------------------------------------------------

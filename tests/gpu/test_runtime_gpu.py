@@ -306,13 +306,16 @@ def test_host_values_reach_the_device_without_waiting_for_queued_work():
     before a 0.2-s kernel ahead of it ends, and the values are there once it has."""
     import time
 
-    from ostinato.runtime import host_values_to_device
+    from ostinato.runtime import host_values_to_device, pinned_ring
 
+    # The ring is pinned once, as a model's load does on its helper: pinning 64 MiB took ~49 ms,
+    # nearly all of a 58-ms sleep at an H100's boost clock, when this test was the process's first upload.
+    pinned_ring.reserve(torch.device("cuda"))
     torch.cuda.synchronize()
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()
-    torch.cuda._sleep(100_000_000)  # some 0.05-0.2 s of GPU clock cycles, queued
+    torch.cuda._sleep(200_000_000)  # some 0.1-0.4 s of GPU clock cycles, queued
     end.record()
     t = time.perf_counter()
     got = host_values_to_device([[1.5, 2.0], [3.0, 4.25]], torch.device("cuda"), torch.float32)

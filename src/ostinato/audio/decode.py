@@ -76,6 +76,23 @@ def audio_duration(samples, sampling_rate: int = SAMPLE_RATE) -> float:
     return float(samples.shape[-1]) / sampling_rate
 
 
+def length_hint(source: AudioSource) -> int:
+    """How long ``source`` probably is, without reading it, to order work by: the sample count of
+    in-memory samples, the byte size of bytes and of a file; 0 when unknown (a file object, a
+    missing path). Only comparable between sources of one kind."""
+    shape = getattr(source, "shape", None)
+    if shape is not None:
+        return int(shape[-1]) if len(shape) else 0
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return len(source)
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            return os.path.getsize(source)
+        except OSError:
+            return 0  # its worker reports what is wrong with it
+    return 0
+
+
 def _from_array(array: np.ndarray, what: str, check_finite: bool = True) -> np.ndarray:
     if array.ndim == 2:
         channels, length = array.shape

@@ -9,7 +9,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ...audio import load_audio, whisper_input_features
+from ...audio import length_hint, load_audio, whisper_input_features
 from ...audio.decode import SAMPLE_RATE
 from ...audio.vad import prepare_on as prepare_vad
 from ...checks import check_positive_int
@@ -330,7 +330,11 @@ class WhisperModel:
         # Batched: each audio brings many chunks, which fill the rows however few the audios.
         windows = batch_size if transcribe_options.batched else min(batch_size, len(audios))
         engine = TranscriptionEngine(self, windows, transcribe_options.rows_per_window, critical_path_first=True)
-        jobs = [engine.submit(audio, transcribe_options) for audio in audios]
+        # The longest audios start first: a long recording's windows follow one another, so the batch
+        # ends when its last window does (and with more audios than workers, longest first packs best).
+        jobs: list = [None] * len(audios)
+        for i in sorted(range(len(audios)), key=lambda i: -length_hint(audios[i])):
+            jobs[i] = engine.submit(audios[i], transcribe_options)
         engine.run()
         outcomes = [job.outcome for job in jobs]
         first_error = next((o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, Cancelled)), None)

@@ -203,18 +203,18 @@ def generate_with_fallback(
 DIGITAL_SILENCE_PEAK = 1e-4
 
 
-def frame_peak_amplitudes(samples) -> np.ndarray:
-    """The peak |sample| of each 10-ms hop (one mel frame), for the digital-silence check."""
-    hops = samples.shape[0] // HOP_LENGTH
-    blocks = np.abs(np.asarray(samples[: hops * HOP_LENGTH], dtype=np.float32)).reshape(hops, HOP_LENGTH)
-    return blocks.max(axis=1) if hops else np.zeros(0, dtype=np.float32)
-
-
-def _digital_silence(frame_peaks, seek: int, size: int) -> bool:
-    if frame_peaks is None:
+def digital_silence(samples, seek: int, size: int) -> bool:
+    """Whether the mel frames ``seek .. seek + size`` (10-ms hops of whole frames) of ``samples`` are
+    digital silence. Read per window, when the window loop reaches it: a pass over a whole long
+    recording before its first window was on the batch's critical path (a 377-s audio: ~5 ms)."""
+    if samples is None:
         return False
-    window = frame_peaks[seek : seek + size]
-    return bool(window.size == 0 or window.max() < DIGITAL_SILENCE_PEAK)
+    hops = samples.shape[0] // HOP_LENGTH
+    window = np.asarray(samples[seek * HOP_LENGTH : min(seek + size, hops) * HOP_LENGTH])
+    if window.size == 0:
+        return True
+    # max and -min instead of abs(): no temporary the window's size
+    return bool(max(float(window.max()), -float(window.min())) < DIGITAL_SILENCE_PEAK)
 
 
 def generate_segments(
@@ -224,12 +224,12 @@ def generate_segments(
     sot_sequence: List[int],
     options: TranscribeOptions,
     on_progress: Optional[Callable[[float], None]] = None,
-    frame_peaks=None,
+    samples=None,
 ) -> Iterator[Segment]:
     """Yield segments window by window for one audio's features [n_mels, frames].
 
-    ``frame_peaks`` (from ``frame_peak_amplitudes``) lets windows of digital silence be skipped
-    without decoding; without it every window is decoded, exactly as faster-whisper does.
+    ``samples`` (the audio the features are of) lets windows of digital silence be skipped without
+    decoding; without them every window is decoded, exactly as faster-whisper does.
     """
     content_frames = features.shape[-1] - 1
     suppress = tokenizer.suppressed_tokens(options.suppress_tokens) if options.suppress_tokens else ()
@@ -263,7 +263,7 @@ def generate_segments(
         time_offset = seek * FRAME_SECONDS
         segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
         segment_duration = segment_size * FRAME_SECONDS
-        if _digital_silence(frame_peaks, seek, segment_size):
+        if digital_silence(samples, seek, segment_size):
             seek += segment_size
             if on_progress:
                 on_progress(min(content_frames, seek) * FRAME_SECONDS)
@@ -477,7 +477,7 @@ def transcribe_samples(runner, tokenizer, dims, samples, options: TranscribeOpti
     )
     segments = generate_segments(
         runner, tokenizer, features, sot_sequence, options, on_progress,
-        frame_peaks=frame_peak_amplitudes(samples),
+        samples=samples,
     )
     if spans:
         segments = restore_times(segments, spans)
