@@ -96,16 +96,19 @@ if HAVE_TRITON:
             return tl.log(x)
 
     @triton.jit
-    def _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr,
-                      first, ts_on, initial, initial_limit, pair_closed, pair_open, after_text, last_ts,
+    def _masked_block(x_row, ids, valid, row, state, rules,
                       TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr, HAS_BANNED: tl.constexpr):
-        """(raw, masked) logits of one block: apply_logit_rules' mask, before the forced timestamp."""
+        """(raw, masked) logits of one block: apply_logit_rules' mask, before the forced timestamp.
+        ``state``: the launch's pointers (``_launch``'s ``state``); ``rules``: the row's (``_row_rules``)."""
+        suppress_ptr, begin_ptr, banned_ptr, stride_ban = state[0], state[1], state[9], state[10]
+        ts_on, last_ts, initial_limit, first = rules[0], rules[4], rules[5], rules[6]
+        initial, pair_closed, pair_open, after_text = rules[8], rules[9], rules[10], rules[11]
         neg = float("-inf")
         x = tl.load(x_row + ids, mask=valid, other=neg).to(tl.float32)
         mask = tl.load(suppress_ptr + ids, mask=valid, other=0) != 0
         mask = mask | (first & (tl.load(begin_ptr + ids, mask=valid, other=0) != 0))
         if HAS_BANNED:
-            mask = mask | (tl.load(ban_row + ids, mask=valid, other=0) != 0)
+            mask = mask | (tl.load(banned_ptr + row * stride_ban + ids, mask=valid, other=0) != 0)
         is_ts = ids >= TS_BEGIN
         ts_mask = ids == NO_TS
         ts_mask = ts_mask | (initial & ((ids < TS_BEGIN) | (ids > initial_limit)))
@@ -143,11 +146,12 @@ if HAVE_TRITON:
         return total_m, tl.sum(s * _exp(m - safe, PRECISE), axis=0)
 
     @triton.jit
-    def _row_rules(row, ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr, sample_begin_ptr,
-                   TS_BEGIN: tl.constexpr, HAS_SAMPLE_BEGIN: tl.constexpr):
+    def _row_rules(row, state, TS_BEGIN: tl.constexpr, HAS_SAMPLE_BEGIN: tl.constexpr):
         """The row's rule state, as apply_logit_rules derives it line by line: (ts_on, n_gen,
         sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed, pair_open,
         after_text)."""
+        ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr = state[2], state[3], state[4], state[5]
+        penult_ptr, last_ts_ptr, sample_begin_ptr = state[6], state[7], state[8]
         ts_on = tl.load(ts_flag_ptr + row) != 0
         n_gen = tl.load(n_gen_ptr + row).to(tl.int64)
         if HAS_SAMPLE_BEGIN:
@@ -171,14 +175,14 @@ if HAVE_TRITON:
                 pair_open, after_text)
 
     @triton.jit
-    def _force_rule(x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit,
-                    pair_closed, pair_open, after_text, last_ts, m_text, s_text, m_ts, s_ts,
+    def _force_rule(x_row, row, state, rules, m_text, s_text, m_ts, s_ts,
                     V: tl.constexpr, TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr,
                     HAS_BANNED: tl.constexpr, PRECISE: tl.constexpr, BLOCK_TS: tl.constexpr):
         """From the masked row's (max, sum of exps), text and timestamps apart: whether the timestamps
         are forced (a sweep over the timestamps, as apply_logit_rules decides it), and the max and
         log-sum of the log_softmax that is returned: (force, m_out, log_sum_out)."""
         neg = float("-inf")
+        ts_on, later, pair_closed = rules[0], rules[7], rules[9]
         # log_softmax of the masked row: out = (x - m_all) - log_sum (PyTorch's order of operations).
         m_all = tl.maximum(m_text, m_ts)
         m_safe = tl.where(m_all == neg, 0.0, m_all)
@@ -192,9 +196,7 @@ if HAVE_TRITON:
         for start in range(TS_BEGIN, V, BLOCK_TS):
             ids = start + tl.arange(0, BLOCK_TS)
             valid = ids < V
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
             ts_acc += tl.sum(_exp(((xm - m_all) - log_sum) - ts_shift, PRECISE), axis=0)
         timestamp_logprob = _log(ts_acc, PRECISE) + ts_shift
         force = ts_on & later & (~pair_closed) & (timestamp_logprob > max_text_logprob)
@@ -204,15 +206,13 @@ if HAVE_TRITON:
         return force, m_out, log_sum_out
 
     @triton.jit
-    def _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, n_gen, sample_begin, last,
-                       last_ts_ptr, last_ptr, penult_ptr, n_gen_ptr, token_ptr, logprob_ptr, no_speech_ptr,
-                       done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
-                       out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix, stride_seen, n_cols,
+    def _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, state, rules,
                        TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_SPEECH: tl.constexpr, ADVANCE: tl.constexpr,
                        HAS_SEEN: tl.constexpr, PRECISE: tl.constexpr):
         """The greedy choice's results: a dead row's NaN, the no-speech probability, then the row's
         bookkeeping (ADVANCE) or the token, its log-probability and the probability stored."""
         neg = float("-inf")
+        token_ptr, logprob_ptr, no_speech_ptr = state[11], state[12], state[13]
         # Every entry masked: PyTorch's log_softmax gives NaN everywhere, argmax the first (0).
         dead = m_out == neg
         best_i = tl.where(dead, 0, best_i)
@@ -223,11 +223,8 @@ if HAVE_TRITON:
         x_ns = tl.load(x_row + NO_SPEECH).to(tl.float32)
         no_speech_prob = _exp(x_ns - raw_lse, PRECISE)
         if ADVANCE:
-            _advance_row(row, best_i, best_v, no_speech_prob, n_gen, sample_begin, last, last_ts_ptr,
-                         last_ptr, penult_ptr, n_gen_ptr, token_ptr, no_speech_ptr,
-                         done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
-                         out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
-                         stride_seen, n_cols, TS_BEGIN, EOT, HAS_SEEN)
+            _advance_row(row, best_i, best_v, no_speech_prob, rules[1], rules[2], rules[3], state,
+                         TS_BEGIN, EOT, HAS_SEEN)
         else:
             tl.store(token_ptr + row, best_i)
             tl.store(logprob_ptr + row, best_v)
@@ -236,12 +233,7 @@ if HAVE_TRITON:
     @triton.jit
     def _rules_kernel(
         logits_ptr, stride_l, out_ptr, stride_o,
-        suppress_ptr, begin_ptr, ts_flag_ptr, max_init_ptr,
-        n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr, sample_begin_ptr,
-        banned_ptr, stride_ban,
-        token_ptr, logprob_ptr, no_speech_ptr,
-        done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr, out_tokens_ptr, prefix_ptr, seen_ptr,
-        stride_out_tokens, stride_prefix, stride_seen, n_cols,
+        state,
         V: tl.constexpr, TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr,
         NO_SPEECH: tl.constexpr,
         HAS_SAMPLE_BEGIN: tl.constexpr, HAS_BANNED: tl.constexpr,
@@ -253,10 +245,7 @@ if HAVE_TRITON:
         row = tl.program_id(0).to(tl.int64)
         neg = float("-inf")
         x_row = logits_ptr + row * stride_l
-        ban_row = banned_ptr + row * stride_ban
-        (ts_on, n_gen, sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed, pair_open,
-         after_text) = _row_rules(row, ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr,
-                                  sample_begin_ptr, TS_BEGIN, HAS_SAMPLE_BEGIN)
+        rules = _row_rules(row, state, TS_BEGIN, HAS_SAMPLE_BEGIN)
 
         # -- sweep 1: masked max / sum of exp, text and timestamps apart (and raw for no-speech) ----
         zero = tl.full([], 0.0, tl.float32)
@@ -272,9 +261,7 @@ if HAVE_TRITON:
         for start in range(0, TS_BEGIN, BLOCK):
             ids = start + tl.arange(0, BLOCK)
             valid = ids < TS_BEGIN
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
             lane_m, lane_s = _lane_online(lane_m, lane_s, xm, PRECISE)
             if GREEDY:
                 lane_m_raw, lane_s_raw = _lane_online(lane_m_raw, lane_s_raw, x, PRECISE)
@@ -285,16 +272,13 @@ if HAVE_TRITON:
         for start in range(TS_BEGIN, V, BLOCK_TS):
             ids = start + tl.arange(0, BLOCK_TS)
             valid = ids < V
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
             m_ts, s_ts = _online(m_ts, s_ts, xm, PRECISE)
             if GREEDY:
                 m_raw, s_raw = _online(m_raw, s_raw, x, PRECISE)
 
         force, m_out, log_sum_out = _force_rule(
-            x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit, pair_closed,
-            pair_open, after_text, last_ts, m_text, s_text, m_ts, s_ts,
+            x_row, row, state, rules, m_text, s_text, m_ts, s_ts,
             V, TS_BEGIN, EOT, NO_TS, HAS_BANNED, PRECISE, BLOCK_TS)
 
         # -- sweep 3: write the log-probabilities, or take the first index of their maximum -------
@@ -303,9 +287,7 @@ if HAVE_TRITON:
         for start in range(0, TS_BEGIN, BLOCK):
             ids = start + tl.arange(0, BLOCK)
             valid = ids < TS_BEGIN
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
             out = (tl.where(force, neg, xm) - m_out) - log_sum_out
             if WRITE:
                 tl.store(out_ptr + row * stride_o + ids, out, mask=valid)
@@ -321,9 +303,7 @@ if HAVE_TRITON:
         for start in range(TS_BEGIN, V, BLOCK_TS):
             ids = start + tl.arange(0, BLOCK_TS)
             valid = ids < V
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
             out = (xm - m_out) - log_sum_out
             if WRITE:
                 tl.store(out_ptr + row * stride_o + ids, out, mask=valid)
@@ -335,22 +315,20 @@ if HAVE_TRITON:
                 best_v = tl.where(take, v, best_v)
 
         if GREEDY:
-            _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, n_gen, sample_begin, last,
-                           last_ts_ptr, last_ptr, penult_ptr, n_gen_ptr, token_ptr, logprob_ptr, no_speech_ptr,
-                           done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
-                           out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
-                           stride_seen, n_cols, TS_BEGIN, EOT, NO_SPEECH, ADVANCE, HAS_SEEN, PRECISE)
+            _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, state, rules,
+                           TS_BEGIN, EOT, NO_SPEECH, ADVANCE, HAS_SEEN, PRECISE)
 
     @triton.jit
-    def _advance_row(row, choice, logprob, no_speech_prob, n_gen, sample_begin, last, last_ts_ptr,
-                     last_ptr, penult_ptr, n_gen_ptr, token_ptr, no_speech_ptr,
-                     done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
-                     out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix, stride_seen, n_cols,
+    def _advance_row(row, choice, logprob, no_speech_prob, n_gen, sample_begin, last, state,
                      TS_BEGIN: tl.constexpr, EOT: tl.constexpr, HAS_SEEN: tl.constexpr):
         """The greedy step's bookkeeping for one row, as WindowDecoder._step does it with PyTorch ops:
         the no-speech probability at the row's first step, the forced prefix, masking of finished
         rows, the score, the token record, the timestamp-rule history and the done flag.
         (token_ptr is the row's input token here: it becomes the chosen one.)"""
+        n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr, token_ptr = state[4], state[5], state[6], state[7], state[11]
+        no_speech_ptr, done_ptr, max_new_ptr, position_ptr = state[13], state[14], state[15], state[16]
+        sum_lp_ptr, ns_at_step_ptr, out_tokens_ptr, prefix_ptr, seen_ptr = state[17], state[18], state[19], state[20], state[21]
+        stride_out_tokens, stride_prefix, stride_seen, n_cols = state[22], state[23], state[24], state[25]
         done = tl.load(done_ptr + row) != 0
         active = ~done
         if (tl.load(ns_at_step_ptr + row) != 0) & (n_gen == 0) & active:
@@ -388,12 +366,7 @@ if HAVE_TRITON:
     @triton.jit
     def _greedy_split_kernel(
         logits_ptr, stride_l, ws_ptr, lock_ptr,
-        suppress_ptr, begin_ptr, ts_flag_ptr, max_init_ptr,
-        n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr, sample_begin_ptr,
-        banned_ptr, stride_ban,
-        token_ptr, logprob_ptr, no_speech_ptr,
-        done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr, out_tokens_ptr, prefix_ptr, seen_ptr,
-        stride_out_tokens, stride_prefix, stride_seen, n_cols,
+        state,
         V: tl.constexpr, TS_BEGIN: tl.constexpr, EOT: tl.constexpr, NO_TS: tl.constexpr,
         NO_SPEECH: tl.constexpr, HAS_SAMPLE_BEGIN: tl.constexpr, HAS_BANNED: tl.constexpr,
         ADVANCE: tl.constexpr, HAS_SEEN: tl.constexpr, PRECISE: tl.constexpr,
@@ -414,14 +387,9 @@ if HAVE_TRITON:
         c = tl.program_id(1)
         neg = float("-inf")
         x_row = logits_ptr + row * stride_l
-        ban_row = banned_ptr + row * stride_ban
-        (ts_on, n_gen, sample_begin, last, last_ts, initial_limit, first, later, initial, pair_closed, pair_open,
-         after_text) = _row_rules(row, ts_flag_ptr, max_init_ptr, n_gen_ptr, last_ptr, penult_ptr, last_ts_ptr,
-                                  sample_begin_ptr, TS_BEGIN, HAS_SAMPLE_BEGIN)
+        rules = _row_rules(row, state, TS_BEGIN, HAS_SAMPLE_BEGIN)
         ids, valid, text = _chunk_span(c, N_TEXT, V, TS_BEGIN, CHUNK)
-        x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                              initial_limit, pair_closed, pair_open, after_text, last_ts,
-                              TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+        x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
         m, s = _online(tl.full([], neg, tl.float32), tl.full([], 0.0, tl.float32), xm, PRECISE)
         m_raw, s_raw = _online(tl.full([], neg, tl.float32), tl.full([], 0.0, tl.float32), x, PRECISE)
         part = ws_ptr + (row * CHUNKS + c) * PARTS
@@ -445,8 +413,7 @@ if HAVE_TRITON:
             m_raw, s_raw = _lane_total(tl.load(base + 2, mask=ok, other=neg, cache_modifier=".cg"),
                                     tl.load(base + 3, mask=ok, other=0.0, cache_modifier=".cg"), PRECISE)
             force, m_out, log_sum_out = _force_rule(
-                x_row, ban_row, suppress_ptr, begin_ptr, first, ts_on, later, initial, initial_limit, pair_closed,
-                pair_open, after_text, last_ts, m_text, s_text, m_ts, s_ts,
+            x_row, row, state, rules, m_text, s_text, m_ts, s_ts,
                 V, TS_BEGIN, EOT, NO_TS, HAS_BANNED, PRECISE, BLOCK_TS)
             # Each chunk's best log-probability, as the row's sweep computes them (a forced row keeps
             # its timestamps only); the first chunk holding the row's best, swept again for its index.
@@ -456,19 +423,14 @@ if HAVE_TRITON:
             best_v = tl.max(best_per_chunk, axis=0)
             c_best = tl.min(tl.where(best_per_chunk == best_v, parts, CHUNKS - 1), axis=0)
             ids, valid, text = _chunk_span(c_best, N_TEXT, V, TS_BEGIN, CHUNK)
-            x, xm = _masked_block(x_row, ids, valid, ban_row, suppress_ptr, begin_ptr, first, ts_on, initial,
-                                  initial_limit, pair_closed, pair_open, after_text, last_ts,
-                                  TS_BEGIN, EOT, NO_TS, HAS_BANNED)
+            x, xm = _masked_block(x_row, ids, valid, row, state, rules, TS_BEGIN, EOT, NO_TS, HAS_BANNED)
             out = tl.where(valid, (tl.where(force & text, neg, xm) - m_out) - log_sum_out, neg)
             # The chunk's own best (the value best_v stands for, from this sweep's arithmetic), and
             # the first index holding it
             best_v = tl.max(out, axis=0)
             best_i = tl.min(tl.where(out == best_v, ids, V), axis=0).to(tl.int64)
-            _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, n_gen, sample_begin, last,
-                           last_ts_ptr, last_ptr, penult_ptr, n_gen_ptr, token_ptr, logprob_ptr, no_speech_ptr,
-                           done_ptr, max_new_ptr, position_ptr, sum_lp_ptr, ns_at_step_ptr,
-                           out_tokens_ptr, prefix_ptr, seen_ptr, stride_out_tokens, stride_prefix,
-                           stride_seen, n_cols, TS_BEGIN, EOT, NO_SPEECH, ADVANCE, HAS_SEEN, PRECISE)
+            _finish_greedy(row, best_i, best_v, m_out, m_raw, s_raw, x_row, state, rules,
+                           TS_BEGIN, EOT, NO_SPEECH, ADVANCE, HAS_SEEN, PRECISE)
             tl.atomic_xchg(lock_ptr + row, 0)  # ready for the next launch (graph replays reuse the counters)
 
 
@@ -525,8 +487,11 @@ def _launch(
                       seen.stride(0) if seen is not None else 0, st["out_tokens"].shape[1])
     else:
         state_args = (dummy,) * 8 + (0, 0, 0, 1)
-    # What both kernels take after their first arguments: the rule state, the outputs, the row state
-    rule_args = (
+    # What both kernels take as one argument (``state``), read by position in the kernels' helpers:
+    # 0-10 the rule state (suppress, suppress at begin, timestamps flag, max initial timestamp, tokens
+    # generated, last, penultimate, last timestamp, sample begin, banned and its row stride), 11-13 the
+    # outputs (token, log-probability, no-speech probability), 14-25 the row state (state_args).
+    state = (
         _flag(suppress), _flag(suppress_at_begin), _flag(timestamps), max_initial_timestamp.contiguous(),
         n_gen, last_token.contiguous(), penultimate_token.contiguous(), last_timestamp.contiguous(),
         sample_begin.contiguous() if sample_begin is not None else dummy,
@@ -546,14 +511,14 @@ def _launch(
         chunks = n_text + -(-(n_vocab - layout.timestamp_begin) // CHUNK)
         workspace = torch.empty(rows * chunks * CHUNK_PARTS, dtype=torch.float32, device=device)
         _greedy_split_kernel[(rows, chunks)](
-            logits, logits.stride(0), workspace, arrival_counters(device, rows), *rule_args,
+            logits, logits.stride(0), workspace, arrival_counters(device, rows), state,
             CHUNK=CHUNK, N_TEXT=n_text, CHUNKS=chunks, CHUNKS_P2=triton.next_power_of_2(chunks),
             PARTS=CHUNK_PARTS, num_warps=CHUNK_WARPS, **constants,
             enable_fp_fusion=False,  # the same arithmetic wherever a value is computed again (no contracted FMA)
         )
     else:
         _rules_kernel[(rows,)](
-            logits, logits.stride(0), out if write else logits, n_vocab, *rule_args,
+            logits, logits.stride(0), out if write else logits, n_vocab, state,
             WRITE=write, GREEDY=greedy, BLOCK=BLOCK, num_warps=NUM_WARPS, **constants,
         )
     return out, token, logprob, no_speech_prob
