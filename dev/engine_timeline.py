@@ -12,7 +12,8 @@ audio (submitted to finished). Each process writes ``timeline-<pid>.json`` into 
 
 ``show`` splits a file into bursts (audios whose lifetimes overlap: one load level of the serve
 benchmark, one ``transcribe_batch`` call) and prints, for each burst of 4 audios or more, the
-engine thread's time per phase, each request kind's latency, and the audios' latency split by
+engine thread's time per phase, each graph capture (and whether it came in the engine's spare
+time), each request kind's latency, and the audios' latency split by
 request kind, short (under 20 s) and long apart. In a server's process each transcription request's
 HTTP span is recorded too (from the app's first look at it to its last byte sent): an audio's split
 then also shows the time before it reached the engine (body, form, decode) and after it left
@@ -48,9 +49,12 @@ _http_ids = itertools.count()
 def install() -> None:
     """Wrap the engine's methods so they record into ``events`` (once the modules are imported)."""
     from ostinato.models.whisper import decoding, engine
+    from ostinato.runtime import graphs, scheduler
 
     def timed(cls, name, label, detail=None):
-        original = getattr(cls, name)
+        original = getattr(cls, name, None)
+        if original is None:  # an older ostinato without it
+            return
 
         def wrapper(self, *args, **kwargs):
             start = now()
@@ -65,6 +69,9 @@ def install() -> None:
     timed(decoding.GreedyRun, "admit", "admit", lambda s, a, r: len(a[0]))
     timed(decoding.GreedyRun, "advance", "advance")
     timed(decoding.GreedyRun, "collect", "collect", lambda s, a, r: len(r))
+    timed(graphs.StepGraph, "capture", "capture", lambda s, a, r: f"{s.name} {a[0]}")
+    timed(graphs.StepGraph, "capture_deferred", "capture", lambda s, a, r: f"{s.name} (deferred)" if r else None)
+    timed(scheduler.RowScheduler, "use_spare_time", "spare", lambda s, a, r: r)
 
     enqueue, answer, finished, submit = E._enqueue, E._answer, E._worker_finished, E.submit
 
@@ -193,6 +200,7 @@ def show(paths: List[str]) -> None:
             s = summary(data["events"], start, end, audios)
             print(f"-- {len(audios)} audios in {s['wall']:.2f} s; engine thread: "
                   + ", ".join(f"{p} {t:.2f} s" for p, t in s["phases"].items()))
+            _print_captures([e for e in data["events"] if start <= e[1] <= end], start)
             for kind, took in sorted(s["requests"].items()):
                 print(f"   {kind:<16} {len(took):4d}  p50 {1e3 * statistics.median(took):7.1f} ms"
                       f"  p99 {1e3 * _percentile(took, 0.99):7.1f} ms")
@@ -205,6 +213,21 @@ def show(paths: List[str]) -> None:
                 slowest = sorted(splits, key=lambda x: x["total"])[-3:]
                 print("     the slowest: " + " | ".join(
                     ", ".join(f"{k} {1e3 * x.get(k, 0.0):.0f}" for k in ["total"] + parts) for x in slowest))
+
+
+def _print_captures(inside: List[list], start: float) -> None:
+    """Each graph capture of a burst (first calls; time from the burst's start), and whether it came
+    in the engine's spare time."""
+    spare = [(e[1], e[2]) for e in inside if e[0] == "spare" and e[3]]
+    captures = [e for e in inside if e[0] == "capture" and e[3] and e[2] - e[1] > 1e-4]  # not: none to capture
+    if not captures:
+        return
+    in_spare = [any(a <= e[1] <= b for a, b in spare) for e in captures]
+    total = sum(e[2] - e[1] for e in captures)
+    hidden = sum(e[2] - e[1] for e, s in zip(captures, in_spare) if s)
+    print(f"   captures {len(captures)}: {1e3 * total:.1f} ms, {1e3 * hidden:.1f} of it in spare time")
+    for e, s in zip(captures, in_spare):
+        print(f"     {1e3 * (e[2] - e[1]):6.1f} ms at {1e3 * (e[1] - start):7.1f} ms{' (spare)' if s else ''}  {e[3]}")
 
 
 def _print_lone(events: List[list], lone: List[tuple]) -> None:

@@ -215,3 +215,33 @@ def test_a_later_request_of_higher_priority_takes_the_next_free_row():
     scheduler.submit("k", 3, lambda r, e: None, priority=1.0)
     scheduler.run_until_idle()
     assert [entry[2] for entry in log if entry[0] == "admit"] == [[2], [3], [1]]
+
+
+class SpareTimeRun(DeferredRun):
+    """A DeferredRun with host work put off for spare time: ``chores`` of it."""
+
+    def __init__(self, key, slots, log, chores=1):
+        super().__init__(key, slots, log)
+        self.chores = chores
+
+    def use_spare_time(self):
+        if not self.chores:
+            return False
+        self.chores -= 1
+        self.log.append(("spare",))
+        return True
+
+
+def test_spare_time_goes_to_the_open_run_if_it_has_work_put_off():
+    log = []
+    scheduler = RowScheduler(lambda key: SpareTimeRun(key, 2, log))
+    assert not scheduler.use_spare_time()  # no run open
+    scheduler.submit("k", 2, lambda r, e: None)
+    scheduler.admit()
+    scheduler.advance()
+    assert scheduler.use_spare_time() and log[-1] == ("spare",)
+    assert not scheduler.use_spare_time()  # its one chore is done
+    plain = _scheduler(2, [])
+    plain.submit("k", 1, lambda r, e: None)
+    plain.admit()
+    assert not plain.use_spare_time()  # a run without the method has none

@@ -290,10 +290,11 @@ def test_a_window_joins_the_stepping_rows_only_once_its_encoder_pass_is_through(
 def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_windows(model, data_dir, monkeypatch):
     """With graphs, a run's own graph (its rows) is captured when it opens, and a smaller bucket's
     the second time windows that fit it come to a run with no row in use (a capture resets the
-    rows; the first time, the run's graph steps them); an advance replays the smallest captured
-    bucket that holds every busy window, so one audio alone on an engine of four rows steps one row
-    from the second lone audio on. On the CPU a stand-in records what would be captured and
-    replayed and runs the eager step for the key it is given."""
+    rows; the first time, the run's graph steps them, and a one-row bucket's capture is deferred to
+    the engine's spare time, which the CPU's advances, done when launched, never leave); an advance
+    replays the smallest captured bucket that holds every busy window, so one audio alone on an
+    engine of four rows steps one row from the second lone audio on. On the CPU a stand-in records
+    what would be captured and replayed and runs the eager step for the key it is given."""
     engine = model.engine(batch_size=4, max_search=1)
     real = engine._decoder.graph
 
@@ -301,10 +302,13 @@ def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_wind
         use_graphs = True
 
         def __init__(self):
-            self.captured, self.replayed = [], []
+            self.captured, self.replayed, self.deferred = [], [], []
 
         def is_captured(self, key):
             return key in self.captured
+
+        def defer(self, key, **inputs):
+            self.deferred.append(key)
 
         def capture(self, key, **inputs):
             self.captured.append(key)
@@ -322,6 +326,7 @@ def test_an_advance_replays_the_smallest_captured_graph_that_holds_the_busy_wind
     alone = _clip(data_dir, "c01_hello_short.flac")
     first, _ = engine.submit(alone, TranscribeOptions(**GREEDY)).result(timeout=120)
     assert [k.rows for k in recorder.captured] == [4]  # the run's own; one row is met for the first time
+    assert [k.rows for k in recorder.deferred] == [1]  # and its capture deferred to spare time
     assert {k.rows for k in recorder.replayed} == {4}
     first_replays = len(recorder.replayed)
     segments, _ = engine.submit(alone, TranscribeOptions(**GREEDY)).result(timeout=120)
@@ -373,3 +378,54 @@ def test_the_longest_audio_goes_first_on_a_batch_engine(model, data_dir, critica
     segments, _ = jobs[2].result()
     alone, _ = model.transcribe(_clip(data_dir, names[2]), **GREEDY)
     assert _texts(segments) == _texts(alone)
+
+
+def test_the_engine_gives_the_run_its_spare_time_while_an_advance_runs(model):
+    """While an advance is on the device and no window can be loaded and no request waits, the
+    engine thread lets the run do the work it put off (a deferred graph capture); with a window to
+    load it loads it instead. Driven here with a stand-in run whose advance ends when the test says."""
+    from ostinato.runtime import RowScheduler, SlotTable
+
+    log = []
+
+    class Run(SlotTable):
+        admits_while_advancing = True
+
+        def __init__(self):
+            super().__init__(2)
+            self.ready = True
+
+        def admit(self, items):
+            slots = self.take(len(items))
+            for slot in slots:
+                self.occupy(slot, None)
+            log.append(("admit", len(items)))
+            return slots
+
+        def advance(self, refill):
+            self.ready = False
+
+        def stop_soon(self):
+            pass
+
+        def collect(self):
+            return {}
+
+        def use_spare_time(self):
+            log.append(("spare",))
+            return True
+
+    engine = model.engine(batch_size=2, max_search=1)
+    engine._scheduler = scheduler = RowScheduler(lambda key: Run())
+    scheduler.submit("k", "window a", lambda r, e: None)
+    engine._drive_rows()  # admitted and launched
+    assert engine._advancing and log == [("admit", 1)]
+    engine._drive_rows()  # the advance is on the device, nothing to do: spare time
+    assert log[-1] == ("spare",)
+    scheduler.submit("k", "window b", lambda r, e: None)
+    engine._drive_rows()  # a window to load: loaded behind the advance, no spare time
+    assert log[-1] == ("admit", 1) and log.count(("spare",)) == 1
+    engine._queue.append("a request")  # a worker's request waits: answered first
+    engine._drive_rows()
+    assert log.count(("spare",)) == 1
+    engine._queue.clear()

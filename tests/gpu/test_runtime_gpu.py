@@ -199,16 +199,64 @@ def test_capture_on_reuse_runs_a_key_eagerly_once_then_captures_it_without_a_war
     graph = StepGraph(step, device, capture_on_reuse=True)
     x = torch.randn(4, 16, device=device)
     expected = torch.tanh(x @ weight)
-    graph(4, x=x)  # the first call of key 4: eager, nothing captured
+    graph(4, x=x)  # the first call of key 4: eager, its capture deferred
     assert calls["n"] == 1 and graph.mode(4) == "uncaptured"
-    graph(4, x=x)  # the second: captured (the eager call was its warm-up), then replayed
+    graph(4, x=x)  # the second, no spare time having come: captured (the eager call was its warm-up), replayed
     assert calls["n"] == 2 and graph.mode(4) == "graph"
+    assert not graph.capture_deferred()  # nothing deferred is left
     graph(4, x=x)  # then replays only
     torch.cuda.synchronize()
     assert calls["n"] == 2
     torch.testing.assert_close(acc[:4], 3 * expected)
     graph(2, x=x[:2])  # another key: eager at its first call again
     assert calls["n"] == 3 and graph.mode(2) == "uncaptured"
+    assert graph.capture_deferred()  # spare time: key 2 is captured, running nothing
+    assert calls["n"] == 4 and graph.mode(2) == "graph"
+    acc.zero_()
+    graph(2, x=x[:2])  # and replayed at its second call
+    torch.cuda.synchronize()
+    assert calls["n"] == 4
+    torch.testing.assert_close(acc[:2], expected[:2])
+
+
+def test_a_deferred_capture_runs_nothing_and_does_not_wait_for_the_device():
+    """defer + capture_deferred: the capture records the step while the device is still busy with
+    earlier work (no warm-up, no synchronization) and leaves the state as it was; the graph then
+    replays the step."""
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device)
+    x = torch.randn(4, 16, device=device)
+    step(4, x)  # the step has run at these shapes (a deferred capture needs no warm-up)
+    graph.defer(4, x=x)
+    assert graph.mode(4) == "uncaptured" and calls["n"] == 1
+    torch.cuda.synchronize()
+    before = acc.clone()
+    torch.cuda._sleep(2_000_000_000)  # about a second of device work queued ahead
+    assert graph.capture_deferred()
+    busy = not torch.cuda.current_stream(device).query()
+    assert busy  # the capture came back while the device was still sleeping
+    assert graph.mode(4) == "graph" and calls["n"] == 2  # the step's Python ran once, for the capture
+    torch.cuda.synchronize()
+    assert torch.equal(acc, before)  # nothing ran
+    assert not graph.capture_deferred()
+    y = torch.randn(4, 16, device=device)
+    graph(4, x=y)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(acc[:4], before[:4] + torch.tanh(y @ weight))
+    assert calls["n"] == 2
+
+
+def test_a_deferred_key_called_before_its_capture_is_captured_then():
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device)
+    x = torch.randn(4, 16, device=device)
+    step(4, x)
+    graph.defer(4, x=x)
+    graph(4, x=x)  # captured now, without a warm-up, and replayed
+    assert graph.mode(4) == "graph" and calls["n"] == 2
+    assert not graph.capture_deferred()
 
 
 def _counting_loop(device, target: int, slow: bool = False, **options):

@@ -206,11 +206,12 @@ def test_engine_admitting_while_rows_step_gives_each_audio_its_own_result(data_d
 
 
 def test_a_lone_audio_on_an_engine_steps_its_own_rows(data_dir):
-    """An engine of four rows captures its run's graph (four rows) when the run opens, and a one-row
-    graph the second time a lone audio comes to rows none of which is in use (the first time, the
-    four-row graph steps it: a bucket met once is not worth a capture); the lone audio's advances
-    then replay the one-row graph (fewer masked rows stepped), and its tokens are the ones it gets
-    alone. Three audios at once then replay the four-row graph, and get their own tokens too."""
+    """An engine of four rows captures its run's graph (four rows) when the run opens; the first
+    time a lone audio comes to rows none of which is in use, the four-row graph steps it and the
+    one-row graph is captured in the engine's spare time (or, had there been none, the second time);
+    the next lone audio's advances replay the one-row graph (fewer masked rows stepped), and its
+    tokens are the ones it gets alone. Three audios at once then replay the four-row graph, and get
+    their own tokens too."""
     model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
     opts = dict(beam_size=1, best_of=1, temperature=0.0, max_new_tokens=40)
     audios = [noise(s, seed=60 + i) for i, s in enumerate((4.0, 45.0, 6.0, 3.0))]
@@ -426,3 +427,56 @@ def test_tiny_en_gpu_graph_equals_gpu_eager_float16(tiny_en_path, data_dir, clip
     want = tokens_of(eager, audio)
     assert tokens_of(graph, audio) == want
     assert want and any(want)
+
+
+def test_a_lone_window_s_one_row_graph_is_captured_in_spare_time(data_dir):
+    """A run of four rows, none in use, admits one window: the one-row graph's capture is deferred
+    (the load ran a one-row decode), the run's four-row graph steps the window, and the run's spare
+    time while that advance is on the device captures the one-row graph, running nothing. The next
+    lone window replays one row; both get the eager decoder's tokens."""
+    from ostinato.models.whisper.decoding import WindowDecoder
+    from ostinato.models.whisper.search import SearchOptions, WindowJob, WindowRequest
+
+    model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
+    tok = model.tokenizer
+    features = torch.cat([model.encode(model.features(noise(30.0, seed=110 + i))[None, :, :3000]) for i in range(2)])
+    requests = [WindowRequest([tok.sot, tok.no_timestamps], False, 50, 60) for _ in range(2)]
+    suppress = tok.suppressed_tokens([-1])
+    with torch.inference_mode():
+        eager = WindowDecoder(model.model, tok, model.device, use_graphs=False, buckets=(1,))
+        want = [eager.decode(features[i : i + 1], [r], suppress, [])[0].tokens for i, r in enumerate(requests)]
+        decoder = WindowDecoder(model.model, tok, model.device, buckets=(1, 2, 4))
+        run = decoder.start(SearchOptions(), suppress, [], windows=4)
+        graph, one_row = decoder.graph, GreedyKey(rows=1)
+        replayed = []
+        original = type(graph).__call__
+
+        def recording(self, key, **inputs):
+            if self is graph:
+                replayed[-1].append(key.rows)
+            return original(self, key, **inputs)
+
+        type(graph).__call__ = recording
+        got = []
+        try:
+            for i, request in enumerate(requests):
+                replayed.append([])
+                run.admit([WindowJob(features[i : i + 1], request)])
+                assert graph.is_captured(one_row) == (i > 0)
+                run.advance()
+                if i == 0:
+                    assert run.use_spare_time()  # the one-row graph, captured behind the four-row advance
+                    assert graph.is_captured(one_row)
+                    while run.use_spare_time():  # the window's prefill key, met once, is deferred too
+                        pass
+                results = {}
+                while not results:
+                    results = run.collect()
+                    if not results:
+                        run.advance()
+                got.append(next(iter(results.values())).tokens)
+        finally:
+            type(graph).__call__ = original
+    assert got == want
+    assert set(replayed[0]) == {4} and set(replayed[1]) == {1}
+    assert sorted(k.rows for k in graph.captured_keys()) == [1, 4]

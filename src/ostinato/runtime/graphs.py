@@ -140,10 +140,15 @@ class StepGraph:
     ``max_loop_trips`` trips); on the rungs below, a call runs K steps: callers must be right with
     either, e.g. by looking at their done flags after every call.
 
-    ``capture_on_reuse``: a key's first call runs eagerly, and the key is captured at its second
-    call, without a warm-up (the eager call was one): for work of many shapes, some met only once
-    (Whisper's prefill of the windows admitted together), whose captures would cost a first call
-    more than their replays save.
+    ``capture_on_reuse``: a key's first call runs eagerly (it is the capture's warm-up) and defers
+    the key's capture (see ``defer``); a later call replays it, capturing it first if no spare time
+    came: for work of many shapes, some met only once (Whisper's prefill of the windows admitted
+    together), whose captures would cost a first call more than their replays save.
+
+    Deferred captures (``defer``, ``capture_deferred``) are for a caller that has host time to spare
+    while the device works through a long replay (an engine waiting for a device loop): a capture
+    records the step's launches and runs none of them, so it can be done then, off the path a first
+    call waits on.
     """
 
     def __init__(
@@ -176,7 +181,8 @@ class StepGraph:
         self._running_loop = None  # the device loop launched last, which stop_soon ends
         self._warmed = False  # the step has run warm-ups for some bucket: lazy setup is done
         self.capture_on_reuse = bool(capture_on_reuse)
-        self._met: set = set()  # keys called once, eagerly (capture_on_reuse): captured at their next call
+        self._met: set = set()  # keys whose step has run at their shapes: their capture needs no warm-up
+        self._deferred: Dict[Hashable, Dict[str, torch.Tensor]] = {}  # key -> its inputs, oldest first
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -212,10 +218,38 @@ class StepGraph:
         """
         if not self.use_graphs or key in self._captured or key in self._eager_buckets:
             return
-        static = {name: t.detach().clone() for name, t in inputs.items()}
-        for name, t in static.items():
+        deferred = self._deferred.pop(key, None)
+        self._capture(key, deferred if deferred is not None else self._static(inputs))
+
+    def defer(self, key: Hashable, **inputs: torch.Tensor) -> None:
+        """Capture ``key`` later, at a ``capture_deferred`` call, with these inputs' shapes.
+
+        The step must have run at this key's shapes before (eagerly, or in another graph's warm-up on
+        the same kernels): a deferred capture runs no warm-up, nothing at all, so it may come while
+        the device works on the state the step reads. A call of the key before then captures it as
+        ``capture`` does.
+        """
+        if not self.use_graphs or key in self._captured or key in self._eager_buckets or key in self._deferred:
+            return
+        self._deferred[key] = self._static(inputs)
+        self._met.add(key)
+
+    def capture_deferred(self) -> bool:
+        """Capture the oldest deferred key; returns whether there was one to capture."""
+        if not self._deferred:
+            return False
+        key = next(iter(self._deferred))
+        self._capture(key, self._deferred.pop(key))
+        return True
+
+    def _static(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """The graph's own input buffers: copies of the example inputs."""
+        for name, t in inputs.items():
             if t.device != self.device:
                 raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
+        return {name: t.detach().clone() for name, t in inputs.items()}
+
+    def _capture(self, key: Hashable, static: Dict[str, torch.Tensor]) -> None:
         failure = None
         # Down the ladder: a device loop of K steps, K unrolled steps, one step replayed K times, eager.
         rungs = [("graph", self.steps_per_replay), ("graph", 1)]
@@ -290,7 +324,7 @@ class StepGraph:
         ``warmup`` runs for the first bucket, one for each later one: the first run at a new shape
         does what a capture must not (kernel compiles and loads, library handles, allocations); more
         runs only lengthen a first call (one run of large-v3's beam step is tens of ms of Python).
-        A key met eagerly before (``capture_on_reuse``) has had its first run: none here."""
+        A key whose step has run at its shapes (``capture_on_reuse``'s eager call, ``defer``) needs none."""
         if key in self._met:
             return
         side = side_stream(self.device, "graph warm-up")  # one for every capture (see side_stream)
@@ -323,8 +357,9 @@ class StepGraph:
             return self._run(key, inputs, self.steps_per_replay)
         entry = self._captured.get(key)
         if entry is None and self.capture_on_reuse and key not in self._met:
-            self._met.add(key)
-            return self._run(key, inputs, self.steps_per_replay)
+            outputs = self._run(key, inputs, self.steps_per_replay)
+            self.defer(key, **inputs)
+            return outputs
         if entry is None:
             self.capture(key, **inputs)
             entry = self._captured.get(key)

@@ -25,7 +25,9 @@ A family supplies ``open_run(key) -> run``; a run has:
   device (absent: always), and ``admits_while_advancing``: whether ``admit`` may be called while an
   advance is still running on the device (its work queued behind it; ``collect`` then still reports
   only the requests that advance stepped), and ``stop_soon()``: end that advance early, so the
-  requests admitted meanwhile start stepping.
+  requests admitted meanwhile start stepping; ``use_spare_time() -> bool``: host work the run put
+  off for a moment when the device is busy (a deferred graph capture), done while an advance runs;
+  returns whether there was any.
 
 ``step`` does one whole round. A thread that has other host work (a server's engine) calls
 ``admit``, ``advance`` and ``collect`` itself, and works while the device advances (``ready``).
@@ -204,6 +206,12 @@ class RowScheduler:
     def ready(self) -> bool:
         """Whether ``collect`` would not wait for the device."""
         return self._run is None or getattr(self._run, "ready", True)
+
+    def use_spare_time(self) -> bool:
+        """(While an advance runs on the device) let the open run do host work it put off; returns
+        whether it did any."""
+        run = self._run
+        return run is not None and hasattr(run, "use_spare_time") and bool(run.use_spare_time())
 
     def collect(self) -> int:
         """Hand the requests the last advance finished to their callbacks; returns how many."""

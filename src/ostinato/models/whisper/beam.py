@@ -382,6 +382,10 @@ class BeamRun(SlotTable):
             self.occupy(slot, start)  # step s writes cache position start - 1 + s
         return slots
 
+    def use_spare_time(self) -> bool:
+        """(While an advance runs) capture a graph deferred to spare time; returns whether it did."""
+        return self.decoder.capture_deferred()
+
     def advance(self, refill: bool = True) -> None:
         """Beam steps: on the device loop until a window finishes, else ``steps_per_replay`` of them
         (``refill``: the scheduler's hint, not needed here)."""

@@ -199,7 +199,8 @@ class WindowDecoder:
         # decoder pass over the prompt head); replayed, the same kernels cost one launch each.
         self._cross_graph = StepGraph(self._write_cross, device, use_graphs=use_graphs,
                                       name="whisper cross-attention K/V write")
-        # Keys met once (16 windows admitted at a run's start, say) run eagerly: a capture costs a first call more.
+        # A key's first call runs eagerly and its capture waits for spare time (capture_deferred): a
+        # first call does not wait on captures of keys it meets once (16 windows admitted at a run's start).
         self._prefill_graph = StepGraph(self._prefill_head, device, use_graphs=use_graphs, name="whisper prefill",
                                         capture_on_reuse=True)
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
@@ -544,11 +545,19 @@ class WindowDecoder:
 
     def wants_smaller_bucket(self, key) -> bool:
         """Whether a run that could step fewer rows now should capture ``key`` (a smaller bucket than
-        its own): at the second time it could, as the prefill's keys are captured at their second
-        call. A bucket met once (the last few windows of one batch) is not worth a capture in that
-        call (tens of ms, warm-up included), and the run's larger graph steps those rows meanwhile."""
+        its own) at once: at the second time it could. A bucket met once (the last few windows of
+        one batch) is not worth a capture's wait in that call (tens of ms, warm-up included): the
+        run's larger graph steps those rows meanwhile, and a one-row bucket's capture is deferred to
+        spare time (``GreedyRun.admit``)."""
         needs = self._smaller_bucket_needs[key] = self._smaller_bucket_needs.get(key, 0) + 1
         return needs >= 2
+
+    def capture_deferred(self) -> bool:
+        """Capture one graph deferred to spare time (a prefill key met once, a smaller bucket a run
+        could use); returns whether there was one. A capture runs nothing, so a run does this while
+        its advance is on the device (``use_spare_time``)."""
+        graphs = (self.graph, self.sample_graph, self._prefill_graph, self._cross_graph)
+        return any(graph.capture_deferred() for graph in graphs)
 
     def capture_graph(self, graph: StepGraph, key) -> None:
         """Capture ``key``'s graph first if it has none yet: capture runs the step on a reset state."""
@@ -847,14 +856,23 @@ class GreedyRun(SlotTable):
             # No row is in use and no advance in flight: a smaller bucket's graph can be captured now
             # (capture resets the rows), so that these windows step only their own rows.
             need = self.key._replace(rows=next(b for b in self._buckets if b >= len(jobs)))
-            if not self.graph.is_captured(need) and self.decoder.wants_smaller_bucket(need):
-                self.decoder.capture_graph(self.graph, need)
+            if not self.graph.is_captured(need):
+                if self.decoder.wants_smaller_bucket(need):
+                    self.decoder.capture_graph(self.graph, need)
+                elif need.rows == 1:
+                    # The load decoded a window at one row (launch_once): this key's kernels have run,
+                    # so its capture can come in spare time, while these windows step in the run's graph.
+                    self.graph.defer(need)
         slots = self.take(len(jobs))
         self.decoder.admit_rows(slots, self.per, jobs)  # a window's samples read one cross-attention K/V
         for slot in slots:
             self.occupy(slot, slot * self.per)
             self._stepped.discard(slot)
         return slots
+
+    def use_spare_time(self) -> bool:
+        """(While an advance runs) capture a graph deferred to spare time; returns whether it did."""
+        return self.decoder.capture_deferred()
 
     def advance(self, refill: bool = True) -> None:
         """Step the rows up to the last busy window (finished rows are masked): on the device loop
