@@ -241,6 +241,12 @@ def test_spare_time_goes_to_the_open_run_if_it_has_work_put_off():
     scheduler.advance()
     assert scheduler.use_spare_time() and log[-1] == ("spare",)
     assert not scheduler.use_spare_time()  # its one chore is done
+    run, asked = scheduler._run, len(log)
+    run.use_spare_time = lambda: log.append(("asked",)) or False
+    assert not scheduler.use_spare_time() and len(log) == asked  # not asked again until it admits
+    scheduler.submit("k", 1, lambda r, e: None)
+    scheduler.admit(while_advancing=True)
+    assert not scheduler.use_spare_time() and log[-1] == ("asked",)
     plain = _scheduler(2, [])
     plain.submit("k", 1, lambda r, e: None)
     plain.admit()

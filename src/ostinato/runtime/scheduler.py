@@ -26,8 +26,8 @@ A family supplies ``open_run(key) -> run``; a run has:
   advance is still running on the device (its work queued behind it; ``collect`` then still reports
   only the requests that advance stepped), and ``stop_soon()``: end that advance early, so the
   requests admitted meanwhile start stepping; ``use_spare_time() -> bool``: host work the run put
-  off for a moment when the device is busy (a deferred graph capture), done while an advance runs;
-  returns whether there was any.
+  off as it admitted requests, for a moment when the device is busy (a deferred graph capture),
+  done while an advance runs; returns whether there was any.
 
 ``step`` does one whole round. A thread that has other host work (a server's engine) calls
 ``admit``, ``advance`` and ``collect`` itself, and works while the device advances (``ready``).
@@ -134,6 +134,7 @@ class RowScheduler:
         self._run_key: Hashable = None
         self._admitted: Dict[int, Ticket] = {}  # slot -> ticket
         self._ids = itertools.count()
+        self._put_off = False  # whether the run may have put work off since it last said it had none
 
     # -- what the callers see --------------------------------------------------------------------
     @property
@@ -209,9 +210,14 @@ class RowScheduler:
 
     def use_spare_time(self) -> bool:
         """(While an advance runs on the device) let the open run do host work it put off; returns
-        whether it did any."""
+        whether it did any. A run puts work off as it admits requests: once it said it had none
+        left, it is not asked again before its next admission (an engine asks at every look)."""
         run = self._run
-        return run is not None and hasattr(run, "use_spare_time") and bool(run.use_spare_time())
+        if not self._put_off or run is None or not hasattr(run, "use_spare_time"):
+            return False
+        did = bool(run.use_spare_time())
+        self._put_off = did
+        return did
 
     def collect(self) -> int:
         """Hand the requests the last advance finished to their callbacks; returns how many."""
@@ -257,6 +263,7 @@ class RowScheduler:
         if batch:
             for slot, ticket in zip(run.admit([t.item for t in batch]), batch):
                 self._admitted[slot] = ticket
+            self._put_off = True
         return len(batch)
 
 
