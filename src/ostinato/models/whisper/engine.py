@@ -386,8 +386,7 @@ class TranscriptionEngine:
         if self._advancing:
             self._release_encoded()
             if not scheduler.ready:
-                admitted = scheduler.admit(while_advancing=True) if scheduler.waiting else 0
-                if not admitted and not self._queue:
+                if not scheduler.admit(while_advancing=True) and not self._queue:
                     # Nothing to load and no request waiting: the device steps, this thread is free
                     # (a first call's graph captures go here instead of on the path it waits on).
                     scheduler.use_spare_time()
