@@ -65,13 +65,28 @@ def install() -> None:
 
     E = engine.TranscriptionEngine
     timed(E, "_next_requests", "wait", lambda s, a, r: len(r or ()))
-    timed(E, "_answer_all", "answer", lambda s, a, r: [q.kind for q in a[0]])
+    answer_all = E._answer_all
+
+    def _answer_all(self, requests):  # the batch's kinds as it came (answering empties the list)
+        start, kinds = now(), [q.kind for q in requests]
+        result = answer_all(self, requests)
+        events.append(["answer", start, now(), kinds])
+        return result
+    E._answer_all = _answer_all
     timed(decoding.GreedyRun, "admit", "admit", lambda s, a, r: len(a[0]))
     timed(decoding.GreedyRun, "advance", "advance")
     timed(decoding.GreedyRun, "collect", "collect", lambda s, a, r: len(r))
     timed(graphs.StepGraph, "capture", "capture", lambda s, a, r: f"{s.name} {a[0]}")
     timed(graphs.StepGraph, "capture_deferred", "capture", lambda s, a, r: f"{s.name} (deferred)" if r else None)
     timed(scheduler.RowScheduler, "use_spare_time", "spare", lambda s, a, r: r)
+    call = graphs.StepGraph.__call__
+
+    def step_call(self, key, **inputs):  # each step's key, and whether it replayed a graph
+        start, replay = now(), key in self._captured
+        result = call(self, key, **inputs)
+        events.append(["step", start, now(), [self.name, str(key), replay]])
+        return result
+    graphs.StepGraph.__call__ = step_call
 
     enqueue, answer, finished, submit = E._enqueue, E._answer, E._worker_finished, E.submit
 
@@ -200,7 +215,9 @@ def show(paths: List[str]) -> None:
             s = summary(data["events"], start, end, audios)
             print(f"-- {len(audios)} audios in {s['wall']:.2f} s; engine thread: "
                   + ", ".join(f"{p} {t:.2f} s" for p, t in s["phases"].items()))
-            _print_captures([e for e in data["events"] if start <= e[1] <= end], start)
+            inside = [e for e in data["events"] if start <= e[1] <= end]
+            _print_captures(inside, start)
+            _print_steps(inside)
             for kind, took in sorted(s["requests"].items()):
                 print(f"   {kind:<16} {len(took):4d}  p50 {1e3 * statistics.median(took):7.1f} ms"
                       f"  p99 {1e3 * _percentile(took, 0.99):7.1f} ms")
@@ -213,6 +230,7 @@ def show(paths: List[str]) -> None:
                 slowest = sorted(splits, key=lambda x: x["total"])[-3:]
                 print("     the slowest: " + " | ".join(
                     ", ".join(f"{k} {1e3 * x.get(k, 0.0):.0f}" for k in ["total"] + parts) for x in slowest))
+            _print_chain(data["events"], start, audios)
 
 
 def _print_captures(inside: List[list], start: float) -> None:
@@ -228,6 +246,32 @@ def _print_captures(inside: List[list], start: float) -> None:
     print(f"   captures {len(captures)}: {1e3 * total:.1f} ms, {1e3 * hidden:.1f} of it in spare time")
     for e, s in zip(captures, in_spare):
         print(f"     {1e3 * (e[2] - e[1]):6.1f} ms at {1e3 * (e[1] - start):7.1f} ms{' (spare)' if s else ''}  {e[3]}")
+
+
+def _print_steps(inside: List[list]) -> None:
+    """Each step graph's calls in a burst by key: how many replayed a graph, how many ran eagerly
+    (a key met for the first time, a capture that fell back), and the host time they took."""
+    calls: Dict[tuple, List[float]] = defaultdict(list)
+    for e in inside:
+        if e[0] == "step":
+            calls[(e[3][0], e[3][1], "replay" if e[3][2] else "eager")].append(e[2] - e[1])
+    for (name, key, how), took in sorted(calls.items()):
+        print(f"   step {how:<6} {len(took):4d}  {1e3 * sum(took):7.1f} ms host  {name} {key}")
+
+
+def _print_chain(events: List[list], start: float, audios: List[list]) -> None:
+    """The last audio to finish (the call's critical path): its requests in order, each with when it
+    was asked (ms from the burst's start), how long the engine took, and the worker's own time before."""
+    last = max(audios, key=lambda e: e[2])
+    index = last[3][0]
+    mine = sorted((e for e in events if e[0].startswith("request:") and e[3] == index and start <= e[1] <= last[2]),
+                  key=lambda e: e[1])
+    parts, previous = [], last[1]
+    for e in mine:
+        parts.append(f"{e[0][8:12]} +{1e3 * (e[1] - previous):.0f} @{1e3 * (e[1] - start):.0f} {1e3 * (e[2] - e[1]):.1f}")
+        previous = e[2]
+    print(f"   the last audio's requests (kind +own ms @asked took ms): {'; '.join(parts)}; "
+          f"+{1e3 * (last[2] - previous):.0f} to its end")
 
 
 def _print_lone(events: List[list], lone: List[tuple]) -> None:

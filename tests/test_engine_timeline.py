@@ -73,11 +73,14 @@ def test_install_http_records_each_transcription_request_and_hands_its_id_to_the
 def test_install_records_an_engine_at_work(tiny_en_path):
     from ostinato import WhisperModel
     from ostinato.models.whisper import decoding, engine
+    from ostinato.runtime import graphs, scheduler
 
     saved = {(cls, name): cls.__dict__[name] for cls, names in (
         (engine.TranscriptionEngine, ("_next_requests", "_answer_all", "_enqueue", "_answer", "submit",
                                       "_worker_finished")),
-        (decoding.GreedyRun, ("admit", "advance", "collect"))) for name in names}
+        (decoding.GreedyRun, ("admit", "advance", "collect")),
+        (graphs.StepGraph, ("__call__", "capture", "capture_deferred")),
+        (scheduler.RowScheduler, ("use_spare_time",))) for name in names}
     engine_timeline.events.clear()
     try:
         engine_timeline.install()
@@ -92,4 +95,25 @@ def test_install_records_an_engine_at_work(tiny_en_path):
     s = engine_timeline.summary(engine_timeline.events, start, end, audios)
     assert {"features", "encode", "decode"} <= set(s["requests"])
     assert s["phases"]["advance"] > 0 and s["phases"]["collect"] >= 0
+    steps = [e[3] for e in engine_timeline.events if e[0] == "step"]
+    assert any(name == "whisper decode step" for name, _, _ in steps)
+    assert not any(replay for _, _, replay in steps)  # no graphs on the CPU
     engine_timeline.events.clear()
+
+
+def test_steps_by_key_and_the_last_audio_s_chain_by_hand(capsys):
+    events = [
+        ["audio", 0.0, 0.1, [0, 16000 * 5]], ["audio", 0.0, 0.5, [1, 16000 * 60]],
+        ["request:features", 0.01, 0.03, 1], ["request:encode", 0.035, 0.04, 1], ["request:decode", 0.05, 0.45, 1],
+        ["request:decode", 0.02, 0.08, 0],
+        ["step", 0.1, 0.102, ["decode", "k16", False]], ["step", 0.2, 0.2005, ["decode", "k16", True]],
+        ["step", 0.3, 0.3005, ["decode", "k16", True]],
+    ]
+    (start, end, audios), = engine_timeline.bursts(events)
+    engine_timeline._print_steps(events)
+    engine_timeline._print_chain(events, start, audios)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["step", "eager", "1", "2.0", "ms", "host", "decode", "k16"]
+    assert out[1].split() == ["step", "replay", "2", "1.0", "ms", "host", "decode", "k16"]
+    # audio 1 finished last: asked for features 10 ms in, encode 5 ms after they came, decode 10 ms after
+    assert "feat +10 @10 20.0; enco +5 @35 5.0; deco +10 @50 400.0; +50 to its end" in out[2]

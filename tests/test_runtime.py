@@ -175,13 +175,41 @@ def test_concat_rows_is_a_view_of_consecutive_slices_and_a_copy_otherwise():
     assert concat_rows([batch[3:4]]) is not None and torch.equal(concat_rows([batch[3:4]]), batch[3:4])
 
 
+def test_the_openmp_runtime_is_looked_up_once_however_many_threads_ask(monkeypatch):
+    import threading
+
+    from ostinato.runtime import device as device_module
+
+    found = device_module.openmp_runtime()
+    paths = {line.split()[-1] for line in open("/proc/self/maps") if "/libgomp" in line or "/libiomp5" in line
+             or "/libomp" in line}
+    if found is not None:  # one of the OpenMP libraries this process mapped
+        assert found._name in paths
+    lookups = []
+    monkeypatch.setattr(device_module, "_find_openmp_runtime", lambda: lookups.append(1) or found)
+    monkeypatch.setattr(device_module, "_openmp", [])
+    barrier = threading.Barrier(8)
+    seen = []
+
+    def ask():
+        barrier.wait()
+        seen.append(device_module.openmp_runtime())
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert lookups == [1] and seen == [found] * 8
+
+
 def test_one_cpu_thread_here_touches_only_the_calling_thread():
     import threading
 
     from ostinato.runtime import device as device_module
     from ostinato.runtime import one_cpu_thread_here
 
-    if device_module._openmp_runtime() is None:
+    if device_module.openmp_runtime() is None:
         pytest.skip("no OpenMP runtime in this process")
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # a caller with threads to keep

@@ -274,7 +274,7 @@ def test_the_loading_thread_leaves_the_cpu_threads_to_the_engines(tiny_en_path):
     from ostinato.runtime import device as device_module
     from ostinato.serve.command import build_services
 
-    if device_module._openmp_runtime() is None:
+    if device_module.openmp_runtime() is None:
         pytest.skip("no OpenMP runtime in this process")
     seen = {}
 

@@ -146,7 +146,7 @@ def test_audio_workers_leave_the_cpu_threads_to_the_engine(model, data_dir):
     beam-5 clip on two cores). The engine thread keeps its count."""
     from ostinato.runtime import device as device_module
 
-    if device_module._openmp_runtime() is None:
+    if device_module.openmp_runtime() is None:
         pytest.skip("no OpenMP runtime in this process")
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -378,6 +378,79 @@ def test_the_longest_audio_goes_first_on_a_batch_engine(model, data_dir, critica
     segments, _ = jobs[2].result()
     alone, _ = model.transcribe(_clip(data_dir, names[2]), **GREEDY)
     assert _texts(segments) == _texts(alone)
+
+
+class _AnsweringModel:
+    """Stands in for the model behind an engine's answers to "vad" requests: records the audios it is
+    asked for, and runs ``on_call`` (the test's) at each call."""
+
+    def __init__(self, on_call=lambda name: None):
+        self.asked, self.on_call = [], on_call
+
+    def speech_probabilities(self, name):
+        self.asked.append(name)
+        self.on_call(name)
+        return name
+
+
+def _request(engine, name, remaining):
+    from types import SimpleNamespace
+
+    from ostinato.models.whisper.engine import _Request
+
+    worker = SimpleNamespace(remaining=remaining, job=SimpleNamespace(cancelled=False), encoded=None)
+    return _Request(worker, "vad", (name,))
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_an_urgent_request_goes_before_the_rest_of_the_batch_in_hand(model, critical_path_first):
+    """transcribe_batch's engine answers the most urgent request next, counting those that came while
+    it answered the batch it took: a long recording's encoder pass does not wait for twenty audios'
+    features. A round still answers only as many requests as its batch had (the rows are driven
+    between rounds). A server's engine answers its batch in arrival order, the newcomer next round."""
+    from ostinato.models.whisper.engine import TranscriptionEngine
+
+    engine = TranscriptionEngine(model, 1, 1, critical_path_first=critical_path_first)
+    urgent = _request(engine, "urgent", 100.0)
+
+    def on_call(name):
+        if name == "a":  # comes while "a" is answered
+            engine._enqueue(urgent)
+
+    engine.model = stand_in = _AnsweringModel(on_call)
+    batch = [_request(engine, name, left) for name, left in (("a", 50.0), ("b", 1.0), ("c", 3.0))]
+    engine._waiting = len(batch)
+    engine._answer_all(list(batch))
+    if critical_path_first:
+        # as many answers as the batch had, then the rows' turn: the least urgent waits for the next
+        assert stand_in.asked == ["a", "urgent", "c"] and engine._queue == [batch[1]]
+        assert urgent.ready.is_set() and urgent.result == "urgent"
+    else:
+        assert stand_in.asked == ["a", "b", "c"] and engine._queue == [urgent]
+    rest, engine._queue = engine._queue, []  # the next round, as _next_requests hands it over
+    engine._answer_all(rest)
+    assert all(r.ready.is_set() and r.result == r.args[0] for r in batch + [urgent])
+
+
+def test_a_failing_answer_leaves_no_request_of_its_batch_unanswered(model):
+    """A model call that raises stops the engine; the requests it had in hand, the failing one and
+    those not yet answered, are answered by the stop instead of leaving their workers waiting."""
+    from ostinato.models.whisper.engine import TranscriptionEngine
+
+    def on_call(name):
+        if name == "b":
+            raise RuntimeError("the device fell over")
+
+    engine = TranscriptionEngine(model, 1, 1, critical_path_first=True)
+    engine.model = _AnsweringModel(on_call)
+    batch = [_request(engine, name, left) for name, left in (("a", 3.0), ("b", 2.0), ("c", 1.0))]
+    engine._waiting = len(batch)
+    with pytest.raises(RuntimeError, match="fell over") as failure:
+        engine._answer_all(list(batch))
+    assert batch[0].result == "a" and not batch[1].ready.is_set() and not batch[2].ready.is_set()
+    engine._stop(failure.value)
+    assert all(r.ready.is_set() for r in batch)
+    assert [type(r.error) for r in batch[1:]] == [Cancelled, Cancelled]
 
 
 def test_the_engine_gives_the_run_its_spare_time_while_an_advance_runs(model):

@@ -402,6 +402,40 @@ def test_uploads_go_through_one_pinned_ring_and_wait_for_nothing():
     assert torch.equal(pinned_ring.upload(big, device).cpu(), big)
 
 
+def test_downloads_come_back_through_a_ring_their_receivers_copy_out_of():
+    """runtime.pinned_ring downloads: a device tensor's copy into a span of the download ring, queued
+    behind the device's work (no wait); once its event has run, ``take`` gives the values in ordinary
+    memory and frees the span. A span untaken is busy (the ring refuses what does not fit beside it);
+    a dropped download frees its span once its copy has run. Over half the ring: refused."""
+    import gc
+
+    from ostinato.runtime import pinned_ring
+
+    device = torch.device("cuda")
+    ring = pinned_ring.PinnedRing(device, capacity=4096)
+    values = [torch.arange(i, i + 256, dtype=torch.float32, device=device) for i in range(4)]  # 1 KiB each
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # the copies below queue behind it
+    downloads = [ring.download(v) for v in values]
+    assert all(d is not None for d in downloads) and not downloads[0].event.query()
+    assert ring.download(values[0][:8]) is None  # every span busy
+    assert ring.download(torch.ones(1024, device=device)) is None  # over half the ring
+    torch.cuda.synchronize()
+    first = downloads[0].take()
+    assert not first.is_pinned() and first.tolist() == values[0].tolist()
+    assert downloads[0].take() is first  # taken once
+    again = ring.download(values[1] * 2)  # the first span is free again, the others still untaken
+    assert again is not None
+    del downloads[1:]  # dropped: their spans come back (their copies have run)
+    gc.collect()
+    torch.cuda.synchronize()
+    assert again.take().tolist() == (values[1] * 2).tolist()
+    bools = torch.tensor([[True, False], [False, True]], device=device)
+    assert torch.equal(ring.download(bools).take(), bools.cpu())
+    big = torch.randn(pinned_ring.DOWNLOAD_CAPACITY // 4 + 1, device=device)
+    assert pinned_ring.download(big) is None  # the caller pins a block of its own
+
+
 def test_device_loop_stops_soon_when_the_host_asks():
     """A loop whose guard never turns false runs to its trip limit; asked from the host while it
     runs, it ends after the trip under way (at least one), and the next launch runs in full again."""

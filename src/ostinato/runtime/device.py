@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import logging
 import math
 import os
+import re
+import threading
 from typing import Optional
 
 import torch
@@ -201,28 +202,42 @@ def one_cpu_thread_here() -> bool:
     thread is touched. Without an OpenMP runtime in the process, nothing changes.
     """
     torch.get_num_threads()  # PyTorch sets a thread's OpenMP count on its first use: let it, first
-    runtime = _openmp_runtime()
+    runtime = openmp_runtime()
     if runtime is None:
         return False
     runtime.omp_set_num_threads(1)
     return torch.get_num_threads() == 1
 
 
-@functools.lru_cache(maxsize=None)
-def _openmp_runtime():
-    """The OpenMP runtime PyTorch loaded into this process (GNU, Intel or LLVM), if one can be found."""
+_openmp_lock = threading.Lock()
+_openmp: list = []  # [the runtime or None], once looked up
+
+
+def openmp_runtime():
+    """The OpenMP runtime PyTorch loaded into this process (GNU, Intel or LLVM), if one can be found.
+
+    Looked up once per process, by one thread: the lookup reads ``/proc/self/maps``, which in a
+    process holding a CUDA context has thousands of lines (16-20 ms on an H200 host), and a first
+    ``transcribe_batch`` starts up to 64 workers that all ask at once. A model's load asks early
+    (``runtime.preparation``), so its first call does not.
+    """
+    with _openmp_lock:
+        if not _openmp:
+            _openmp.append(_find_openmp_runtime())
+        return _openmp[0]
+
+
+def _find_openmp_runtime():
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if line.rstrip().endswith(".so") or ".so." in line}
+            paths = set(re.findall(r"\S*/lib(?:gomp|iomp5|omp)[^/\s]*\.so[^/\s]*$", maps.read(), re.MULTILINE))
     except OSError:  # not Linux
         return None
     for path in sorted(paths):
-        name = os.path.basename(path)
-        if name.startswith(("libgomp", "libiomp5", "libomp")):
-            try:
-                runtime = ctypes.CDLL(path)
-            except OSError:
-                continue
-            if hasattr(runtime, "omp_set_num_threads"):
-                return runtime
+        try:
+            runtime = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if hasattr(runtime, "omp_set_num_threads"):
+            return runtime
     return None

@@ -53,7 +53,7 @@ import torch
 from ...audio import SAMPLE_RATE, load_audio
 from ...audio.vad import resolve_backend
 from ...errors import InvalidOptionError, OstinatoError
-from ...runtime import RowScheduler, Ticket, one_cpu_thread_here, strict_float32
+from ...runtime import RowScheduler, Ticket, one_cpu_thread_here, pinned_ring, strict_float32
 from ...runtime.device import side_stream
 from .search import SearchOptions, WindowJob, window_seed
 from .options import TranscribeOptions
@@ -136,10 +136,15 @@ class _OnTheWay:
 
     def __init__(self, device_tensor: torch.Tensor):
         self._landed = threading.Event()
-        self._event = None
+        self._event = self._download = None
         if not device_tensor.is_cuda:
             self._host = device_tensor.cpu()
             self._landed.set()
+            return
+        # Through the download ring, which the worker copies out of: no block pinned per result.
+        self._download = pinned_ring.download(device_tensor)
+        if self._download is not None:
+            self._event = self._download.event
             return
         self._host = torch.empty(device_tensor.shape, dtype=device_tensor.dtype, pin_memory=True)
         self._host.copy_(device_tensor, non_blocking=True)
@@ -154,6 +159,8 @@ class _OnTheWay:
 
     def wait(self) -> torch.Tensor:
         self._landed.wait()
+        if self._download is not None:
+            return self._download.take()
         return self._host
 
 
@@ -526,46 +533,75 @@ class TranscriptionEngine:
     def _priority(self, worker: "_Worker") -> float:
         return worker.remaining if self.critical_path_first else 0.0
 
+    def _next_to_answer(self, requests: List[_Request]) -> _Request:
+        """The request to answer next. With ``critical_path_first``, the most urgent of these and of
+        those that came while the earlier ones were answered (arrival order among equals): a long
+        recording's encoder pass is asked for while twenty audios' features are being computed, and
+        waited for the whole batch of them (30-100 ms of an H200 host) when a batch was answered
+        before anything that came after it."""
+        if not self.critical_path_first:
+            return requests.pop(0)
+        with self._lock:
+            requests.extend(self._queue)
+            self._queue = []
+        best = max(range(len(requests)), key=lambda i: (self._priority(requests[i].worker), -i))
+        return requests.pop(best)
+
     def _answer_all(self, requests: List[_Request]) -> None:
+        """Answer as many requests as came in this batch (the rows are driven between batches), the
+        next one picked by ``_next_to_answer``."""
+        r = None
+        try:
+            for _ in range(len(requests)):
+                r = self._next_to_answer(requests)
+                self._answer_one(r)
+            r = None
+        finally:
+            # Requests in hand and not answered go back to the front of the queue: those that came
+            # during this batch and had no turn in it, or, after a failure, the failing one and the
+            # rest (the engine's stop answers them; a held decode request it answers from the held).
+            back = [q for q in [r, *requests] if q is not None and not q.ready.is_set() and q not in self._held]
+            if back:
+                with self._lock:
+                    self._queue[:0] = back
+
+    def _answer_one(self, r: _Request) -> None:
         model = self.model
-        if self.critical_path_first:
-            requests.sort(key=lambda r: -self._priority(r.worker))  # stable: arrival order among equals
-        for r in requests:
-            if self._advancing and self._scheduler.ready:
-                self._drive_rows()  # the rows are through: the next advance goes before more host work
-            self._tell_arrivals()  # a worker whose features landed goes on while the others are answered
-            if r.worker.job.cancelled:
-                self._answer(r, error=Cancelled("transcription cancelled"))
-            elif r.kind == "encode":
-                # One window per encoder call, as when the audio is transcribed alone: a batched
-                # matrix product may round differently from a single one on the GPU, and the
-                # result must not depend on which audios share the batch. (The batched pipeline
-                # sends its own audio's chunks together, as transcribe(batched=True) encodes them.)
-                with self._on(self._encoder):
-                    encoded = model.encode(r.args[0])
-                    r.worker.encoded = self._encoder_mark()
-                self._answer(r, encoded)
-            elif r.kind == "features":
-                # Computed where transcribe computes them, then kept on the host for the worker, which
-                # waits for the copy itself: this thread goes on.
-                with self._on(self._features):
-                    features = _OnTheWay(model.features(*r.args))
-                if not features.arrived():
-                    self._arriving.append(features)
-                self._answer(r, features)
-            elif r.kind == "detect_language":
-                self._main_waits_for_encoder(r.worker)
-                self._used_on_main(r.args[0])
-                self._answer(r, model.detect_language(*r.args))
-            elif r.kind == "align":
-                self._main_waits_for_encoder(r.worker)
-                self._used_on_main(r.args[0])
-                self._answer(r, model.align(*r.args))
-            elif r.kind == "vad":
-                self._answer(r, model.speech_probabilities(*r.args))
-            elif r.kind == "decode":
-                r.worker.decode_request = r
-                self._held.append(r)  # to the scheduler from _drive_rows (_release_encoded)
+        if self._advancing and self._scheduler.ready:
+            self._drive_rows()  # the rows are through: the next advance goes before more host work
+        self._tell_arrivals()  # a worker whose features landed goes on while the others are answered
+        if r.worker.job.cancelled:
+            self._answer(r, error=Cancelled("transcription cancelled"))
+        elif r.kind == "encode":
+            # One window per encoder call, as when the audio is transcribed alone: a batched
+            # matrix product may round differently from a single one on the GPU, and the
+            # result must not depend on which audios share the batch. (The batched pipeline
+            # sends its own audio's chunks together, as transcribe(batched=True) encodes them.)
+            with self._on(self._encoder):
+                encoded = model.encode(r.args[0])
+                r.worker.encoded = self._encoder_mark()
+            self._answer(r, encoded)
+        elif r.kind == "features":
+            # Computed where transcribe computes them, then kept on the host for the worker, which
+            # waits for the copy itself: this thread goes on.
+            with self._on(self._features):
+                features = _OnTheWay(model.features(*r.args))
+            if not features.arrived():
+                self._arriving.append(features)
+            self._answer(r, features)
+        elif r.kind == "detect_language":
+            self._main_waits_for_encoder(r.worker)
+            self._used_on_main(r.args[0])
+            self._answer(r, model.detect_language(*r.args))
+        elif r.kind == "align":
+            self._main_waits_for_encoder(r.worker)
+            self._used_on_main(r.args[0])
+            self._answer(r, model.align(*r.args))
+        elif r.kind == "vad":
+            self._answer(r, model.speech_probabilities(*r.args))
+        elif r.kind == "decode":
+            r.worker.decode_request = r
+            self._held.append(r)  # to the scheduler from _drive_rows (_release_encoded)
 
     def _tell_arrivals(self) -> None:
         """Let the workers whose features have landed on the host go on."""
