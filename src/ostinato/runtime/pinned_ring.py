@@ -72,39 +72,40 @@ class PinnedRing:
         self.device = device
         self._buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=True)
         self._spans = RingSpans(capacity)
-        self._lock = threading.Lock()  # uploads come from the engine's threads
+        self._lock = threading.Lock()  # uploads and downloads come from the engine's threads
 
-    def upload(self, tensor: Tensor) -> Optional[Tensor]:
+    def _span_for(self, tensor: Tensor, done: Callable[[], bool]) -> Optional[Tensor]:
+        """(Under the lock) a span of the ring shaped like ``tensor``, busy until ``done()``; None when
+        ``tensor`` is empty, over half the ring, or does not fit beside the spans in flight."""
         size = tensor.numel() * tensor.element_size()
         if size == 0 or size > self._spans.capacity // 2:
             return None
-        tensor = tensor.contiguous()
+        start = self._spans.claim(-(-size // ALIGN) * ALIGN, done)
+        if start is None:
+            return None
+        return self._buffer[start : start + size].view(tensor.dtype).view(tensor.shape)
+
+    def upload(self, tensor: Tensor) -> Optional[Tensor]:
         with self._lock:
             event = torch.cuda.Event()
-            start = self._spans.claim(-(-size // ALIGN) * ALIGN, event.query)
-            if start is None:
+            staged = self._span_for(tensor, event.query)
+            if staged is None:
                 return None
-            staged = self._buffer[start : start + size].view(tensor.dtype).view(tensor.shape)
             staged.copy_(tensor)
             out = staged.to(self.device, non_blocking=True)
             event.record(torch.cuda.current_stream(self.device))  # the span is free once the copy ran
         return out
 
-
     def download(self, tensor: Tensor) -> Optional["Download"]:
         """A copy of device ``tensor`` on its way into a span of the ring, ordered on the current
         stream; None when it does not fit. The span is busy until the copy has run and the
         ``Download`` was taken (or dropped)."""
-        size = tensor.numel() * tensor.element_size()
-        if size == 0 or size > self._spans.capacity // 2:
-            return None
         with self._lock:
             event, taken = torch.cuda.Event(), threading.Event()
             # The copy must have run too: a span dropped before its copy landed is not written over.
-            start = self._spans.claim(-(-size // ALIGN) * ALIGN, lambda: taken.is_set() and event.query())
-            if start is None:
+            staged = self._span_for(tensor, lambda: taken.is_set() and event.query())
+            if staged is None:
                 return None
-            staged = self._buffer[start : start + size].view(tensor.dtype).view(tensor.shape)
             staged.copy_(tensor, non_blocking=True)
             event.record(torch.cuda.current_stream(tensor.device))
         return Download(staged, event, taken)

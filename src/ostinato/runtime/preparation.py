@@ -88,7 +88,6 @@ class Helper:
         try:
             load_cuda_libraries(self.device)
             pinned_ring.reserve(self.device)  # pinned once here, not block by block in the first call
-            pinned_ring.reserve(self.device, "download")
             openmp_runtime()  # found here, not by the first call's workers (see one_cpu_thread_here)
             if device_loop.unavailable_reason(self.device.type) is None:
                 device_loop.compile_gate(self.device)  # NVRTC, 15-20 ms of the first capture of a loop

@@ -17,8 +17,8 @@ from ...errors import InvalidOptionError, ModelLoadError, OstinatoError
 from ...ops import kernel_manifest
 from ...results import Segment, TranscriptionInfo
 from ...runtime import (
-    StepGraph, buckets_up_to, host_tensor_to_device, memory_report, place_module, resolve_decode_loop,
-    resolve_device, resolve_dtype, set_cpu_threads, strict_float32,
+    StepGraph, buckets_up_to, host_tensor_to_device, memory_report, pinned_ring, place_module,
+    resolve_decode_loop, resolve_device, resolve_dtype, set_cpu_threads, strict_float32,
 )
 from ...runtime.preparation import prepared_in_background
 from . import beam, decoding, modules
@@ -123,6 +123,8 @@ class WhisperModel:
             helper.with_triton(functools.partial(
                 kernel_manifest.resume, kernel_manifest.manifest_name("whisper", self.dims.to_dict(), self.dtype)))
             helper.also(functools.partial(_spectrogram_of_silence, self.dims.n_mels))
+            # The ring a transcription engine's features come back through (pinned_ring.download).
+            helper.also(functools.partial(pinned_ring.reserve, kind="download"))
             try:
                 whisper = Whisper.from_state_dict(checkpoint.dims, checkpoint.state_dict)
             except (KeyError, RuntimeError) as exc:
