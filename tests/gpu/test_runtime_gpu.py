@@ -382,7 +382,9 @@ def test_uploads_go_through_one_pinned_ring_and_wait_for_nothing():
     device = torch.device("cuda")
     ring = pinned_ring.PinnedRing(device, capacity=4096)
     torch.cuda.synchronize()
-    torch.cuda._sleep(50_000_000)  # the copies below queue behind it
+    # the copies below queue behind it (200M cycles: on a fresh machine the first process's first
+    # copies took longer than 50M, and the full ring was not full any more when the test looked)
+    torch.cuda._sleep(200_000_000)
     values = [torch.arange(i, i + 256, dtype=torch.float32) for i in range(4)]  # 1 KiB each
     expected = [v.tolist() for v in values]
     outs = [ring.upload(v) for v in values]
@@ -415,7 +417,9 @@ def test_downloads_come_back_through_a_ring_their_receivers_copy_out_of():
     ring = pinned_ring.PinnedRing(device, capacity=4096)
     values = [torch.arange(i, i + 256, dtype=torch.float32, device=device) for i in range(4)]  # 1 KiB each
     torch.cuda.synchronize()
-    torch.cuda._sleep(50_000_000)  # the copies below queue behind it
+    # the copies below queue behind it (200M cycles: on a fresh machine the first process's first
+    # copies took longer than 50M, and the full ring was not full any more when the test looked)
+    torch.cuda._sleep(200_000_000)
     downloads = [ring.download(v) for v in values]
     assert all(d is not None for d in downloads) and not downloads[0].event.query()
     assert ring.download(values[0][:8]) is None  # every span busy
