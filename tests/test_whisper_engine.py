@@ -464,9 +464,9 @@ def test_a_failing_answer_leaves_no_request_of_its_batch_unanswered(model):
 
 
 def test_the_engine_gives_the_run_its_spare_time_while_an_advance_runs(model):
-    """While an advance is on the device and no window can be loaded and no request waits, the
-    engine thread lets the run do the work it put off (a deferred graph capture); with a window to
-    load it loads it instead. Driven here with a stand-in run whose advance ends when the test says."""
+    """While an advance is on the device, no window can be loaded, no request waits and none can come
+    (every live worker waits on an answer), the engine thread lets the run do the work it put off (a
+    deferred graph capture); with a window to load it loads it instead. Driven here with a stand-in run whose advance ends when the test says."""
     from ostinato.runtime import RowScheduler, SlotTable
 
     log = []
@@ -512,3 +512,13 @@ def test_the_engine_gives_the_run_its_spare_time_while_an_advance_runs(model):
     engine._drive_rows()
     assert log.count(("spare",)) == 1
     engine._queue.clear()
+    # A live worker in its own work (not waiting on an answer) may ask at any moment: no spare time,
+    # which would make its request wait for the capture; once it waits too, the time is spare.
+    engine._workers = {"job": "a worker"}
+    engine._waiting = 0
+    engine._drive_rows()
+    assert log.count(("spare",)) == 1
+    engine._waiting = 1
+    engine._drive_rows()
+    assert log.count(("spare",)) == 2
+    engine._workers, engine._waiting = {}, 0

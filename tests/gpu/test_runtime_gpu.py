@@ -219,6 +219,69 @@ def test_capture_on_reuse_runs_a_key_eagerly_once_then_captures_it_without_a_war
     torch.testing.assert_close(acc[:2], expected[:2])
 
 
+def test_a_warm_step_captures_a_new_key_without_a_warm_up():
+    """warm_up_new_shapes=False: the first key warms up (the step runs for real, then is recorded);
+    a later key is only recorded, so its first call runs the step exactly once, by its replay."""
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device, warm_up_new_shapes=False)
+    x = torch.randn(4, 16, device=device)
+    graph(4, x=x)  # warm-up + capture + replay
+    assert calls["n"] == 2 and graph.mode(4) == "graph"
+    torch.cuda.synchronize()
+    acc.zero_()
+    graph(2, x=x[:2])  # recorded without a warm-up, then replayed once
+    torch.cuda.synchronize()
+    assert calls["n"] == 3 and graph.mode(2) == "graph"
+    torch.testing.assert_close(acc[:2], torch.tanh(x[:2] @ weight))
+    assert torch.equal(acc[2:], torch.zeros_like(acc[2:]))
+
+
+def test_capture_on_reuse_captures_at_the_first_call_once_the_path_is_warm():
+    """mark_warm (the caller ran the step's code itself): a capture_on_reuse key is captured at its
+    first call, no eager run and no warm-up, and the replay does the call's work once."""
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    graph = StepGraph(step, device, capture_on_reuse=True, warm_up_new_shapes=False)
+    x = torch.randn(4, 16, device=device)
+    step(1, x[:1])  # the path has run, at another shape
+    graph.mark_warm()
+    torch.cuda.synchronize()
+    acc.zero_()
+    graph(4, x=x)
+    torch.cuda.synchronize()
+    assert calls["n"] == 2 and graph.mode(4) == "graph" and not graph.capture_deferred()
+    torch.testing.assert_close(acc[:4], torch.tanh(x @ weight))
+
+
+def test_a_capture_without_a_warm_up_that_makes_a_buffer_is_retried_after_one_quietly():
+    """A step that makes a persistent buffer at a new shape (the split kernels' arrival counters,
+    which must be zeroed for real, not recorded) refuses to inside a capture: the capture without a
+    warm-up fails, and the key is warmed up and captured on the same rung, with no warning."""
+    from ostinato.ops import triton_support
+
+    device = torch.device("cuda")
+    st, acc, weight, step, calls = _toy(device)
+    have = triton_support.arrival_counters(device, 1).numel()
+    bigger = have + 1024
+
+    def step_with_counters(rows, x):
+        triton_support.arrival_counters(device, bigger)  # more than exist: a new buffer
+        return step(rows, x)
+
+    graph = StepGraph(step_with_counters, device, warm_up_new_shapes=False)
+    graph.mark_warm()
+    x = torch.randn(4, 16, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph(4, x=x)
+    torch.cuda.synchronize()
+    assert graph.mode(4) == "graph" and calls["n"] == 2  # the warm-up's run and the capture's pass
+    counters = triton_support.arrival_counters(device, bigger)
+    assert counters.numel() >= bigger and not counters.any()  # made by the warm-up, zeroed for real
+    torch.testing.assert_close(acc[:4], 2 * torch.tanh(x @ weight))  # the warm-up's run and the replay
+
+
 def test_a_deferred_capture_runs_nothing_and_does_not_wait_for_the_device():
     """defer + capture_deferred: the capture records the step while the device is still busy with
     earlier work (no warm-up, no synchronization) and leaves the state as it was; the graph then

@@ -141,6 +141,10 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
     key = (device.type, device.index)
     buf = _counters.get(key)
     if buf is None or buf.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A capture records the zeroing and runs none of it: the buffer would stay unzeroed for
+            # every launch outside that graph. Refused, so the capture warms up first (StepGraph).
+            raise RuntimeError("arrival counters cannot be made during a CUDA graph capture")
         if buf is not None:
             _retired.append(buf)
         buf = torch.zeros(max(ARRIVAL_SLOTS, needed), dtype=torch.int32, device=device)

@@ -113,8 +113,12 @@ def capturing(graph: "torch.cuda.CUDAGraph", pool, device: torch.device):
         graph.capture_begin(pool=pool)
         try:
             yield
-        finally:
-            graph.capture_end()
+        except BaseException:
+            with warnings.catch_warnings():  # a capture cut short may be empty: PyTorch warns of that
+                warnings.simplefilter("ignore", UserWarning)
+                graph.capture_end()
+            raise
+        graph.capture_end()
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
@@ -149,6 +153,14 @@ class StepGraph:
     while the device works through a long replay (an engine waiting for a device loop): a capture
     records the step's launches and runs none of them, so it can be done then, off the path a first
     call waits on.
+
+    ``warm_up_new_shapes=False``: once the step has run on this device (a warm-up of another key, or
+    ``mark_warm``: the caller ran its code path itself), a new key is captured without a warm-up run,
+    and a ``capture_on_reuse`` key is captured at its first call instead of running eagerly: each
+    first meeting of a shape then pays one pass of the step's Python, not two. What a warm-up guards
+    against fails loudly inside a capture instead (a host sync; a buffer made lazily, which
+    ``capture_safe`` callers refuse to make while capturing): such a capture is retried after a
+    warm-up, without a warning. (Kernels a new shape needs load inside the capture.)
     """
 
     def __init__(
@@ -164,6 +176,7 @@ class StepGraph:
         loop_guard: Optional[Callable[[Hashable, bool], torch.Tensor]] = None,
         max_loop_trips: int = 1024,
         capture_on_reuse: bool = False,
+        warm_up_new_shapes: bool = True,
     ):
         if steps_per_replay < 1:
             raise ValueError("steps_per_replay must be at least 1")
@@ -181,8 +194,10 @@ class StepGraph:
         self._running_loop = None  # the device loop launched last, which stop_soon ends
         self._warmed = False  # the step has run warm-ups for some bucket: lazy setup is done
         self.capture_on_reuse = bool(capture_on_reuse)
+        self.warm_up_new_shapes = bool(warm_up_new_shapes)
         self._met: set = set()  # keys whose step has run at their shapes: their capture needs no warm-up
         self._deferred: Dict[Hashable, Dict[str, torch.Tensor]] = {}  # key -> its inputs, oldest first
+        self._graphs: list = []  # every graph captured into the pool, failed ones too (see _new_graph)
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -208,6 +223,14 @@ class StepGraph:
         if entry.rung == "loop":
             return "device loop"
         return "K steps per replay" if entry.repeats == 1 and self.steps_per_replay > 1 else "one step per replay"
+
+    def mark_warm(self) -> None:
+        """The step's code has run on this device outside this object (at other shapes): the lazy
+        setup a first warm-up does is done. With ``warm_up_new_shapes=False`` no key warms up then."""
+        self._warmed = True
+
+    def _skips_warm_up(self, key: Hashable) -> bool:
+        return key in self._met or (self._warmed and not self.warm_up_new_shapes)
 
     # -- running -------------------------------------------------------------------------------
     def capture(self, key: Hashable, **inputs: torch.Tensor) -> None:
@@ -255,12 +278,20 @@ class StepGraph:
         rungs = [("graph", self.steps_per_replay), ("graph", 1)]
         if self.loop_guard is not None and device_loop.unavailable_reason(self.device.type) is None:
             rungs.insert(0, ("loop", self.steps_per_replay))
-        for rung, unrolled in dict.fromkeys(rungs):
+        attempts = [(rung, unrolled, True) for rung, unrolled in dict.fromkeys(rungs)]
+        if self._skips_warm_up(key) and key not in self._met:
+            # a new shape without a warm-up; if the capture fails, the top rung again after one
+            attempts.insert(0, (*attempts[0][:2], False))
+        for rung, unrolled, warm in attempts:
             try:
                 capture = self._capture_loop if rung == "loop" else self._capture_steps
-                graph, outputs = capture(key, static, unrolled)
+                graph, outputs = capture(key, static, unrolled, warm)
             except Exception as exc:  # out of memory, an op that cannot be captured, a driver error...
                 _recover_from_failed_capture(self.device)
+                if not warm:
+                    log.debug("%s: capture of %r without a warm-up failed (%s); warming up", self.name, key, exc,
+                              exc_info=True)
+                    continue
                 failure = failure or exc
                 continue
             self._captured[key] = _Captured(graph, static, outputs, self.steps_per_replay // unrolled, rung)
@@ -273,36 +304,46 @@ class StepGraph:
         self._eager_buckets.add(key)
         self._warn(key, failure, "running it eagerly")
 
-    def _capture_steps(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int):
-        self._warm_up(key, static)
-        graph = torch.cuda.CUDAGraph()
+    def _capture_steps(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int, warm: bool = True):
+        if warm:
+            self._warm_up(key, static)
+        graph = self._new_graph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with capturing(graph, self._pool, self.device):
             outputs = self._run(key, static, unrolled)
         return graph, outputs
 
-    def _capture_loop(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int):
+    def _capture_loop(self, key: Hashable, static: Dict[str, torch.Tensor], unrolled: int, warm: bool = True):
         """head (guard, gate) -> WHILE(step x K, guard, gate): PyTorch captures the head, one step and
         the tail (guard, gate); the driver joins them with the step's graph K times over. A capture
         costs the Python that launches its kernels, so one step's worth instead of K (tiny.en's step
         is ~45 Triton launches); the step reads and writes only the state, so its K copies are what K
         captured steps would be."""
-        self._warm_up(key, static, guarded=True)
+        if warm:
+            self._warm_up(key, static, guarded=True)
         loop = device_loop.DeviceLoop(self.device, self.max_loop_trips)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        head = torch.cuda.CUDAGraph(keep_graph=True)
+        head = self._new_graph(keep_graph=True)
         with capturing(head, self._pool, self.device):
             loop.gate(self.loop_guard(key, True), entering=True)
-        step = torch.cuda.CUDAGraph(keep_graph=True)
+        step = self._new_graph(keep_graph=True)
         with capturing(step, self._pool, self.device):
             outputs = self._run(key, static, 1)
-        tail = torch.cuda.CUDAGraph(keep_graph=True)
+        tail = self._new_graph(keep_graph=True)
         with capturing(tail, self._pool, self.device):
             loop.gate(self.loop_guard(key, False), entering=False)
         loop.assemble(head, [step] * unrolled + [tail])
         return loop, outputs
+
+    def _new_graph(self, **options) -> "torch.cuda.CUDAGraph":
+        """A graph to capture into the pool, kept for this object's life even if its capture fails: a
+        pool whose last graph is gone cannot be captured into again (PyTorch's allocator asserts), and
+        a failed capture is retried into the same pool."""
+        graph = torch.cuda.CUDAGraph(**options)
+        self._graphs.append(graph)
+        return graph
 
     def _run(self, key: Hashable, inputs: Dict[str, torch.Tensor], steps: int):
         outputs = None
@@ -324,7 +365,8 @@ class StepGraph:
         ``warmup`` runs for the first bucket, one for each later one: the first run at a new shape
         does what a capture must not (kernel compiles and loads, library handles, allocations); more
         runs only lengthen a first call (one run of large-v3's beam step is tens of ms of Python).
-        A key whose step has run at its shapes (``capture_on_reuse``'s eager call, ``defer``) needs none."""
+        A key whose step has run at its shapes (``capture_on_reuse``'s eager call, ``defer``) needs none;
+        ``_capture`` asks for one after a capture without it failed."""
         if key in self._met:
             return
         side = side_stream(self.device, "graph warm-up")  # one for every capture (see side_stream)
@@ -356,7 +398,7 @@ class StepGraph:
         if not self.use_graphs or key in self._eager_buckets:
             return self._run(key, inputs, self.steps_per_replay)
         entry = self._captured.get(key)
-        if entry is None and self.capture_on_reuse and key not in self._met:
+        if entry is None and self.capture_on_reuse and not self._skips_warm_up(key):
             outputs = self._run(key, inputs, self.steps_per_replay)
             self.defer(key, **inputs)
             return outputs

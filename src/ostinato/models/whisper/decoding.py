@@ -188,7 +188,9 @@ class WindowDecoder:
         model.decoder.pack_self_attention()
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         use_graphs = self.decode_loop != "eager"
-        graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay)
+        # A new bucket or prefill shape is captured without a warm-up run once the step has run here
+        # (``mark_path_warm``, or a warm-up of another key): one pass of the step's Python, not two.
+        graph_options = dict(use_graphs=use_graphs, steps_per_replay=self.steps_per_replay, warm_up_new_shapes=False)
         if self.decode_loop == "device":
             # Enough trips for a row to run from the first position to the last of the text context.
             trips = dims.n_text_ctx // self.steps_per_replay + 2
@@ -198,11 +200,11 @@ class WindowDecoder:
         # Admitting a window is hundreds of small launches (large-v3: a K/V projection per layer, a
         # decoder pass over the prompt head); replayed, the same kernels cost one launch each.
         self._cross_graph = StepGraph(self._write_cross, device, use_graphs=use_graphs,
-                                      name="whisper cross-attention K/V write")
-        # A key's first call runs eagerly and its capture waits for spare time (capture_deferred): a
-        # first call does not wait on captures of keys it meets once (16 windows admitted at a run's start).
+                                      name="whisper cross-attention K/V write", warm_up_new_shapes=False)
+        # Until the prefill has run here, a key's first call runs eagerly (the warm-up) and its capture
+        # waits for spare time (capture_deferred); after, a key is captured at its first call.
         self._prefill_graph = StepGraph(self._prefill_head, device, use_graphs=use_graphs, name="whisper prefill",
-                                        capture_on_reuse=True)
+                                        capture_on_reuse=True, warm_up_new_shapes=False)
         self.loop_rung = loop_rung(self.device, use_graphs, self.steps_per_replay, guarded=self.decode_loop == "device")
         self._beam = None
         self._snapshot_buffers = None  # pinned host copies of the rows collect reads (CUDA)
@@ -536,6 +538,14 @@ class WindowDecoder:
         self._loop_guard(key, True)
         self._loop_guard(key, False)
         self.reset_rows()
+
+    def mark_path_warm(self) -> None:
+        """This model's greedy decode path has run on the device, on a decoder of the load's own
+        (``launch_once``): a window's K/V write, prompt heads' prefill and the greedy step and guard.
+        Their kernels are loaded and their lazily made buffers exist, so this decoder's first
+        captures of those (a run's bucket, a prefill key) run no warm-up. (Not sampling's.)"""
+        for graph in (self.graph, self._cross_graph, self._prefill_graph):
+            graph.mark_warm()
 
     def rows_for(self, windows: int, options: SearchOptions) -> int:
         """Decoder rows a call of ``windows`` windows with ``options`` occupies."""

@@ -71,14 +71,17 @@ def _encode_silence(model: Whisper, dtype: torch.dtype, device: torch.device) ->
     model.encoder(_silent_window(model.dims, device, dtype))
 
 
-def _decode_silence(model: Whisper, tokenizer: WhisperTokenizer, dtype: torch.dtype, device: torch.device) -> None:
+def _decode_silence(model: Whisper, tokenizer: WhisperTokenizer, dtype: torch.dtype, ran: List[bool],
+                    device: torch.device) -> None:
     """Load the kernels a window's decode launches (prefill, step, loop guard, collection): a window
-    of zero encoder output on an eager decoder of one row (see WindowDecoder.launch_once)."""
+    of zero encoder output on an eager decoder of one row (see WindowDecoder.launch_once). ``ran``
+    gets True once it has (the background work's failures are only logged)."""
     dims = model.dims
     decoder = WindowDecoder(model, tokenizer, device, decode_loop="eager")
     features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device, dtype=dtype)
     with strict_float32(device, dtype):  # as WhisperModel.decode runs it
         decoder.launch_once(features, tokenizer.sot_sequence("en", "transcribe"))
+    ran.append(True)
 
 
 class WhisperModel:
@@ -144,7 +147,8 @@ class WhisperModel:
             # Room for faster-whisper's defaults: 5 beams, or best_of=5 samples, of one window.
             self.decoder = self._window_decoder(capacity=DEFAULT_DECODE_ROWS, windows=1)
             # On the Triton thread: the decode launches Triton kernels, which nothing may while it prepares them.
-            helper.with_triton(functools.partial(_decode_silence, self.model, self.tokenizer, self.dtype))
+            decode_ran: List[bool] = []
+            helper.with_triton(functools.partial(_decode_silence, self.model, self.tokenizer, self.dtype, decode_ran))
         # One window per encoder call is how every transcription encodes. Eagerly that is about 400
         # launches: on the H100 large-v3's took 10.7 ms of host time for 5.6 ms of GPU work, and
         # tiny's 1.9 ms for 0.4 ms. One replay runs the same kernels (the same bits) for a launch.
@@ -157,6 +161,11 @@ class WhisperModel:
             self._capture_encoder()
         log.debug("decode loop on %s: %s", self.device, self.decoder.loop_rung)  # load_model logs it at INFO
         self._batch_decoders = {}
+        # Read once the helpers are through (or given up on): decoders made from now on capture new
+        # shapes without warm-ups where the load's decode ran (WindowDecoder.mark_path_warm).
+        self._decode_path_ran = bool(decode_ran)
+        if self._decode_path_ran:
+            self.decoder.mark_path_warm()
 
     @torch.inference_mode()
     def _capture_encoder(self) -> None:
@@ -224,8 +233,11 @@ class WhisperModel:
 
     def _window_decoder(self, **kwargs) -> WindowDecoder:
         with torch.inference_mode(False):  # plain tensors, as when the model was built
-            return WindowDecoder(self.model, self.tokenizer, self.device, decode_loop=self.decode_loop,
-                                 steps_per_replay=self.steps_per_replay, **kwargs)
+            decoder = WindowDecoder(self.model, self.tokenizer, self.device, decode_loop=self.decode_loop,
+                                    steps_per_replay=self.steps_per_replay, **kwargs)
+        if getattr(self, "_decode_path_ran", False):  # (the load's own decoder is marked after its helpers)
+            decoder.mark_path_warm()
+        return decoder
 
     def seed(self, seed: Optional[int]) -> None:
         """Seed sampling at temperatures above zero (None: a random seed); see WindowDecoder.seed."""
