@@ -158,9 +158,9 @@ class StepGraph:
     ``mark_warm``: the caller ran its code path itself), a new key is captured without a warm-up run,
     and a ``capture_on_reuse`` key is captured at its first call instead of running eagerly: each
     first meeting of a shape then pays one pass of the step's Python, not two. What a warm-up guards
-    against fails loudly inside a capture instead (a host sync; a buffer made lazily, which
-    ``capture_safe`` callers refuse to make while capturing): such a capture is retried after a
-    warm-up, without a warning. (Kernels a new shape needs load inside the capture.)
+    against fails loudly inside a capture instead (a host sync; a persistent buffer made lazily,
+    which ``ops.triton_support.arrival_counters`` refuses to make while capturing): such a capture
+    is retried after a warm-up, without a warning. (Kernels a new shape needs load inside the capture.)
     """
 
     def __init__(
