@@ -160,6 +160,58 @@ def test_guarded_step_graph_runs_k_steps_per_call_eagerly():
     assert calls == [1, 1, 1, 1] and graph.rung(1) == "eager"
 
 
+def test_a_warm_step_graph_captures_new_keys_without_a_warm_up_and_warms_up_only_after_a_failure(monkeypatch):
+    """The order of a StepGraph's capture attempts, with the capture itself stood in for (it needs
+    CUDA; the GPU tests run the real one): once the step is warm a new key is first captured without
+    a warm-up, a failure of that is retried with one on the same rung and no warning, and only
+    failures with warm-ups step down the ladder (one warning, then eager)."""
+    import warnings
+
+    from ostinato.runtime import graphs
+
+    attempts, replays, ran = [], [], []
+    failing = set()  # "cold": captures without a warm-up fail; "all": every capture fails
+
+    class Captured:
+        def replay(self):
+            replays.append(1)
+
+    def capture_steps(self, key, static, unrolled, warm=True):
+        attempts.append((key, unrolled, warm))
+        if "all" in failing or (not warm and "cold" in failing):
+            raise RuntimeError("arrival counters cannot be made during a CUDA graph capture")
+        return Captured(), "outputs"
+
+    monkeypatch.setattr(graphs.StepGraph, "_capture_steps", capture_steps)
+    monkeypatch.setattr(graphs, "_recover_from_failed_capture", lambda device: None)
+    graph = StepGraph(lambda key: ran.append(key), torch.device("cuda"), steps_per_replay=4,
+                      capture_on_reuse=True, warm_up_new_shapes=False)
+    assert graph.use_graphs  # (CUDA graphs exist in this build, whether or not a GPU does)
+    graph(1)  # not warm: a capture_on_reuse key's first call runs eagerly, its capture deferred
+    assert ran == [1, 1, 1, 1] and attempts == [] and graph.mode(1) == "uncaptured"
+    graph.mark_warm()  # the caller ran the step's code itself
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert graph(2) == "outputs"  # captured at its first call, without a warm-up, and replayed
+        assert attempts == [(2, 4, False)] and len(replays) == 1 and graph.mode(2) == "graph"
+        graph(1)  # the deferred key: its step has run at its shapes, so it never needed a warm-up
+        assert attempts[-1] == (1, 4, True) and len(attempts) == 2
+        failing.add("cold")
+        graph(3)  # the capture without a warm-up fails: retried with one, quietly
+        assert attempts[-2:] == [(3, 4, False), (3, 4, True)] and graph.mode(3) == "graph"
+    failing.add("all")
+    with pytest.warns(RuntimeWarning, match="running it eagerly"):
+        graph(5)
+    assert attempts[-3:] == [(5, 4, False), (5, 4, True), (5, 1, True)] and graph.mode(5) == "eager"
+    assert ran[-4:] == [5, 5, 5, 5]
+    # the default: a warm step still warms up every new key
+    default = StepGraph(lambda key: None, torch.device("cuda"), steps_per_replay=4)
+    default.mark_warm()
+    failing.clear()
+    default(6)
+    assert attempts[-1] == (6, 4, True)
+
+
 def test_concat_rows_is_a_view_of_consecutive_slices_and_a_copy_otherwise():
     from ostinato.runtime import concat_rows
 
