@@ -229,8 +229,9 @@ class StepGraph:
         setup a first warm-up does is done. With ``warm_up_new_shapes=False`` no key warms up then."""
         self._warmed = True
 
-    def _skips_warm_up(self, key: Hashable) -> bool:
-        return key in self._met or (self._warmed and not self.warm_up_new_shapes)
+    @property
+    def _new_shapes_need_no_warm_up(self) -> bool:
+        return self._warmed and not self.warm_up_new_shapes
 
     # -- running -------------------------------------------------------------------------------
     def capture(self, key: Hashable, **inputs: torch.Tensor) -> None:
@@ -279,7 +280,7 @@ class StepGraph:
         if self.loop_guard is not None and device_loop.unavailable_reason(self.device.type) is None:
             rungs.insert(0, ("loop", self.steps_per_replay))
         attempts = [(rung, unrolled, True) for rung, unrolled in dict.fromkeys(rungs)]
-        if self._skips_warm_up(key) and key not in self._met:
+        if key not in self._met and self._new_shapes_need_no_warm_up:
             # a new shape without a warm-up; if the capture fails, the top rung again after one
             attempts.insert(0, (*attempts[0][:2], False))
         for rung, unrolled, warm in attempts:
@@ -398,7 +399,7 @@ class StepGraph:
         if not self.use_graphs or key in self._eager_buckets:
             return self._run(key, inputs, self.steps_per_replay)
         entry = self._captured.get(key)
-        if entry is None and self.capture_on_reuse and not self._skips_warm_up(key):
+        if entry is None and self.capture_on_reuse and key not in self._met and not self._new_shapes_need_no_warm_up:
             outputs = self._run(key, inputs, self.steps_per_replay)
             self.defer(key, **inputs)
             return outputs

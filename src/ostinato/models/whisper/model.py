@@ -115,6 +115,7 @@ class WhisperModel:
         self.cpu_threads = set_cpu_threads(cpu_threads, self.device)
         self.dtype = resolve_dtype(compute_type, self.device)
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
+        self._decode_path_ran = False  # the load's decode of silence finished (see _window_decoder)
         path = str(default_model_path()) if model is None else str(model)
         # First-call work beside the load: Triton, CUDA's libraries, the features' and encoder's kernels.
         with prepared_in_background(self.device, KERNEL_MODULES) as helper:
@@ -235,7 +236,7 @@ class WhisperModel:
         with torch.inference_mode(False):  # plain tensors, as when the model was built
             decoder = WindowDecoder(self.model, self.tokenizer, self.device, decode_loop=self.decode_loop,
                                     steps_per_replay=self.steps_per_replay, **kwargs)
-        if getattr(self, "_decode_path_ran", False):  # (the load's own decoder is marked after its helpers)
+        if self._decode_path_ran:  # (the load's own decoder is made before it has: marked after its helpers)
             decoder.mark_path_warm()
         return decoder
 
