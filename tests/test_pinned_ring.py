@@ -1,6 +1,9 @@
 """runtime.pinned_ring's bookkeeping (the ring of pinned host memory uploads go through): spans in
-order, busy until their copy ran, reused after it, never handed out twice at once."""
-from ostinato.runtime.pinned_ring import RingSpans
+order, busy until their copy ran, reused after it, never handed out twice at once; the staging copy."""
+import pytest
+import torch
+
+from ostinato.runtime.pinned_ring import RingSpans, copy_on_this_thread
 
 
 class Copies:
@@ -40,3 +43,19 @@ def test_sizes_the_ring_cannot_hold_are_refused():
     assert ring.claim(2048, lambda: True) is None
     assert ring.claim(0, lambda: True) is None
     assert ring.busy == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_a_staging_copy_gives_the_source_s_values(dtype):
+    # 300K elements: past the size at which torch.copy_ would split the copy over threads
+    src = (torch.arange(300_000) % 251 - 125).to(dtype).reshape(3, 100_000)
+    dst = torch.zeros_like(src)
+    copy_on_this_thread(dst, src)
+    assert torch.equal(dst, (torch.arange(300_000) % 251 - 125).to(dtype).reshape(3, 100_000))
+
+
+def test_a_staging_copy_of_a_strided_or_other_dtype_source_converts_as_copy_does():
+    src = torch.arange(60, dtype=torch.float64).reshape(6, 10)[:, ::2]  # not contiguous, and float64
+    dst = torch.empty(6, 5, dtype=torch.float32)
+    copy_on_this_thread(dst, src)
+    assert torch.equal(dst, torch.arange(60, dtype=torch.float32).reshape(6, 10)[:, ::2])
