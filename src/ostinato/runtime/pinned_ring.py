@@ -42,7 +42,7 @@ def copy_on_this_thread(dst: Tensor, src: Tensor) -> None:
     a region waits for its slowest member, and while the workers were busy in a first call (H200, a
     first tiny.en ``transcribe_batch``) the 1-MB copies of 40 log-mel windows once took 91 ms against
     17. A memory copy gains little from more threads; numpy's runs on this one, without the GIL."""
-    if src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous() and src.numel() == dst.numel():
+    if src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous() and src.shape == dst.shape:
         np.copyto(dst.reshape(-1).view(torch.uint8).numpy(), src.detach().reshape(-1).view(torch.uint8).numpy())
     else:
         dst.copy_(src)
