@@ -212,6 +212,52 @@ def test_a_warm_step_graph_captures_new_keys_without_a_warm_up_and_warms_up_only
     assert attempts[-1] == (6, 4, True)
 
 
+def test_a_deferred_capture_of_a_shape_the_step_has_not_run_at_is_one_try_without_a_warm_up(monkeypatch):
+    """defer(step_has_run=False) (a run's smaller bucket, met once): its deferred capture may come
+    while the rows it reads are live, so it runs no warm-up: one try on the top rung, and if that
+    fails the key is neither eager nor warned about, but captured at its next call with the ladder
+    a new key gets (a warm-up after the failed try). A step that is not warm defers no such key."""
+    import warnings
+
+    from ostinato.runtime import graphs
+
+    attempts, ran, failing = [], [], set()
+
+    class Captured:
+        def replay(self):
+            pass
+
+    def capture_steps(self, key, static, unrolled, warm=True):
+        attempts.append((key, unrolled, warm))
+        if not warm and "cold" in failing:
+            raise RuntimeError("arrival counters cannot be made during a CUDA graph capture")
+        return Captured(), "outputs"
+
+    monkeypatch.setattr(graphs.StepGraph, "_capture_steps", capture_steps)
+    monkeypatch.setattr(graphs, "_recover_from_failed_capture", lambda device: None)
+    graph = StepGraph(lambda key: ran.append(key), torch.device("cuda"), steps_per_replay=4,
+                      warm_up_new_shapes=False)
+    graph.defer(8, step_has_run=False)  # not warm yet: its capture would need a warm-up
+    assert not graph.capture_deferred() and attempts == []
+    graph.mark_warm()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph.defer(8, step_has_run=False)
+        assert graph.capture_deferred()
+        assert attempts == [(8, 4, False)] and graph.mode(8) == "graph" and ran == []
+        failing.add("cold")
+        graph.defer(4, step_has_run=False)
+        assert graph.capture_deferred()
+        assert attempts[-1] == (4, 4, False) and len(attempts) == 2
+        assert graph.mode(4) == "uncaptured" and ran == []  # no warm-up ran, no warning, not eager
+        assert not graph.capture_deferred()
+        assert graph(4) == "outputs"  # its next call: the try without a warm-up, then one with
+        assert attempts[-2:] == [(4, 4, False), (4, 4, True)] and graph.mode(4) == "graph"
+        # a key whose step has run (the one-row bucket the load decoded) keeps every rung
+        graph.defer(1)
+        assert graph.capture_deferred() and attempts[-1] == (1, 4, True) and graph.mode(1) == "graph"
+
+
 def test_concat_rows_is_a_view_of_consecutive_slices_and_a_copy_otherwise():
     from ostinato.runtime import concat_rows
 

@@ -431,25 +431,28 @@ def test_tiny_en_gpu_graph_equals_gpu_eager_float16(tiny_en_path, data_dir, clip
     assert want and any(want)
 
 
-def test_a_lone_window_s_one_row_graph_is_captured_in_spare_time(data_dir):
-    """A run of four rows, none in use, admits one window: the one-row graph's capture is deferred
-    (the load ran a one-row decode), the run's four-row graph steps the window, and the run's spare
-    time while that advance is on the device captures the one-row graph, running nothing. The next
-    lone window replays one row; both get the eager decoder's tokens."""
+@pytest.mark.parametrize("together", [1, 2])
+def test_a_smaller_bucket_s_graph_is_captured_in_spare_time(data_dir, together):
+    """A run of four rows, none in use, admits ``together`` windows: the smaller bucket's capture is
+    deferred (one row: the load ran a one-row decode; two rows: captured without a warm-up, as a
+    warm step's new shapes are), the run's four-row graph steps the windows, and the run's spare
+    time while that advance is on the device captures the smaller graph, running nothing. The next
+    windows admitted together replay their own rows; all get the eager decoder's tokens."""
     from ostinato.models.whisper.decoding import WindowDecoder
     from ostinato.models.whisper.search import SearchOptions, WindowJob, WindowRequest
 
     model = WhisperModel(str(data_dir / RANDOM_CKPT), device="cuda", compute_type="float16")
     tok = model.tokenizer
-    features = torch.cat([model.encode(model.features(noise(30.0, seed=110 + i))[None, :, :3000]) for i in range(2)])
-    requests = [WindowRequest([tok.sot, tok.no_timestamps], False, 50, 60) for _ in range(2)]
+    n = 2 * together
+    features = torch.cat([model.encode(model.features(noise(30.0, seed=110 + i))[None, :, :3000]) for i in range(n)])
+    requests = [WindowRequest([tok.sot, tok.no_timestamps], False, 50, 60) for _ in range(n)]
     suppress = tok.suppressed_tokens([-1])
     with torch.inference_mode():
         eager = WindowDecoder(model.model, tok, model.device, use_graphs=False, buckets=(1,))
         want = [eager.decode(features[i : i + 1], [r], suppress, [])[0].tokens for i, r in enumerate(requests)]
         decoder = WindowDecoder(model.model, tok, model.device, buckets=(1, 2, 4))
         run = decoder.start(SearchOptions(), suppress, [], windows=4)
-        graph, one_row = decoder.graph, GreedyKey(rows=1)
+        graph, smaller = decoder.graph, GreedyKey(rows=together)
         replayed = []
         original = type(graph).__call__
 
@@ -459,26 +462,28 @@ def test_a_lone_window_s_one_row_graph_is_captured_in_spare_time(data_dir):
             return original(self, key, **inputs)
 
         type(graph).__call__ = recording
-        got = []
+        got = {}
         try:
-            for i, request in enumerate(requests):
+            for first in range(0, n, together):
                 replayed.append([])
-                run.admit([WindowJob(features[i : i + 1], request)])
-                assert graph.is_captured(one_row) == (i > 0)
+                batch = range(first, first + together)
+                slots = run.admit([WindowJob(features[i : i + 1], requests[i]) for i in batch])
+                window_of = dict(zip(slots, batch))
+                assert graph.is_captured(smaller) == (first > 0)
                 run.advance()
-                if i == 0:
-                    assert run.use_spare_time()  # the one-row graph, captured behind the four-row advance
-                    assert graph.is_captured(one_row)
-                    while run.use_spare_time():  # the window's prefill key, met once, is deferred too
+                if first == 0:
+                    assert run.use_spare_time()  # the smaller graph, captured behind the four-row advance
+                    assert graph.is_captured(smaller)
+                    while run.use_spare_time():  # the windows' prefill key, met once, is deferred too
                         pass
-                results = {}
-                while not results:
+                while len(got) < first + together:
                     results = run.collect()
-                    if not results:
+                    got.update({window_of[slot]: result.tokens for slot, result in results.items()})
+                    if len(got) < first + together:
                         run.advance()
-                got.append(next(iter(results.values())).tokens)
         finally:
             type(graph).__call__ = original
-    assert got == want
-    assert set(replayed[0]) == {4} and set(replayed[1]) == {1}
-    assert sorted(k.rows for k in graph.captured_keys()) == [1, 4]
+    assert [got[i] for i in range(n)] == want
+    # the run's graph first; once the smaller one is captured, what is left of the first windows may step in it
+    assert replayed[0][0] == 4 and set(replayed[0]) <= {4, together} and set(replayed[1]) == {together}
+    assert sorted(k.rows for k in graph.captured_keys()) == [together, 4]

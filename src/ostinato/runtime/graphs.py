@@ -245,25 +245,32 @@ class StepGraph:
         deferred = self._deferred.pop(key, None)
         self._capture(key, deferred if deferred is not None else self._static(inputs))
 
-    def defer(self, key: Hashable, **inputs: torch.Tensor) -> None:
+    def defer(self, key: Hashable, *, step_has_run: bool = True, **inputs: torch.Tensor) -> None:
         """Capture ``key`` later, at a ``capture_deferred`` call, with these inputs' shapes.
 
-        The step must have run at this key's shapes before (eagerly, or in another graph's warm-up on
-        the same kernels): a deferred capture runs no warm-up, nothing at all, so it may come while
-        the device works on the state the step reads. A call of the key before then captures it as
-        ``capture`` does.
+        A deferred capture runs no warm-up, nothing at all, so it may come while the device works on
+        the state the step reads. A call of the key before then captures it as ``capture`` does.
+        ``step_has_run``: the step has run at this key's shapes before (eagerly, or in another
+        graph's warm-up on the same kernels), so its capture needs no warm-up on any rung. Otherwise
+        the key is deferred only where new shapes need no warm-up (``warm_up_new_shapes=False`` on a
+        warm step), and its deferred capture is one try on the top rung: if that fails, the key is
+        left uncaptured, for its next call (or ``capture``) to capture with warm-ups, which a
+        deferred capture cannot run.
         """
         if not self.use_graphs or key in self._captured or key in self._eager_buckets or key in self._deferred:
             return
+        if not step_has_run and not self._new_shapes_need_no_warm_up:
+            return
         self._deferred[key] = self._static(inputs)
-        self._met.add(key)
+        if step_has_run:
+            self._met.add(key)
 
     def capture_deferred(self) -> bool:
-        """Capture the oldest deferred key; returns whether there was one to capture."""
+        """Capture the oldest deferred key; returns whether there was one to try."""
         if not self._deferred:
             return False
         key = next(iter(self._deferred))
-        self._capture(key, self._deferred.pop(key))
+        self._capture(key, self._deferred.pop(key), deferred=True)
         return True
 
     def _static(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -273,7 +280,7 @@ class StepGraph:
                 raise GraphInputError(f"{self.name}: input {name!r} is on {t.device}, graph device is {self.device}")
         return {name: t.detach().clone() for name, t in inputs.items()}
 
-    def _capture(self, key: Hashable, static: Dict[str, torch.Tensor]) -> None:
+    def _capture(self, key: Hashable, static: Dict[str, torch.Tensor], deferred: bool = False) -> None:
         failure = None
         # Down the ladder: a device loop of K steps, K unrolled steps, one step replayed K times, eager.
         rungs = [("graph", self.steps_per_replay), ("graph", 1)]
@@ -283,6 +290,8 @@ class StepGraph:
         if key not in self._met and self._new_shapes_need_no_warm_up:
             # a new shape without a warm-up; if the capture fails, the top rung again after one
             attempts.insert(0, (*attempts[0][:2], False))
+            if deferred:  # no warm-up may run now (see defer): that retry waits for the key's next call
+                attempts = attempts[:1]
         for rung, unrolled, warm in attempts:
             try:
                 capture = self._capture_loop if rung == "loop" else self._capture_steps
@@ -301,6 +310,8 @@ class StepGraph:
                           else f"replaying a one-step graph {self.steps_per_replay} times per call")
                 self._warn(key, failure, action)
             log.debug("captured %s for bucket %r (%s of %d steps)", self.name, key, rung, unrolled)
+            return
+        if failure is None:  # only the deferred try without a warm-up failed: the key stays uncaptured
             return
         self._eager_buckets.add(key)
         self._warn(key, failure, "running it eagerly")

@@ -557,8 +557,8 @@ class WindowDecoder:
         """Whether a run that could step fewer rows now should capture ``key`` (a smaller bucket than
         its own) at once: at the second time it could. A bucket met once (the last few windows of
         one batch) is not worth a capture's wait in that call (tens of ms, warm-up included): the
-        run's larger graph steps those rows meanwhile, and a one-row bucket's capture is deferred to
-        spare time (``GreedyRun.admit``)."""
+        run's larger graph steps those rows meanwhile, and the bucket's capture is deferred to spare
+        time (``GreedyRun.admit``)."""
         needs = self._smaller_bucket_needs[key] = self._smaller_bucket_needs.get(key, 0) + 1
         return needs >= 2
 
@@ -869,10 +869,11 @@ class GreedyRun(SlotTable):
             if not self.graph.is_captured(need):
                 if self.decoder.wants_smaller_bucket(need):
                     self.decoder.capture_graph(self.graph, need)
-                elif need.rows == 1:
-                    # The load decoded a window at one row (launch_once): this key's kernels have run,
-                    # so its capture can come in spare time, while these windows step in the run's graph.
-                    self.graph.defer(need)
+                else:
+                    # Its capture can come in spare time, while these windows step in the run's graph
+                    # (a capture without a warm-up; if that fails, at the bucket's next need). The
+                    # load decoded a window at one row (launch_once): that key's step has run.
+                    self.graph.defer(need, step_has_run=need.rows == 1)
         slots = self.take(len(jobs))
         self.decoder.admit_rows(slots, self.per, jobs)  # a window's samples read one cross-attention K/V
         for slot in slots:
