@@ -8,6 +8,7 @@ import json
 import pytest
 
 from ostinato import WhisperModel
+from ostinato.ops import cpu_linear
 
 REFS_FILE = "refs/faster_whisper_tiny_en.json"
 # Each reference run's faster-whisper options, as ostinato keyword arguments.
@@ -24,9 +25,17 @@ def refs(data_dir):
     return json.loads((data_dir / REFS_FILE).read_text())
 
 
-@pytest.fixture(scope="module")
-def model(tiny_en_path):
-    return WhisperModel(str(tiny_en_path), device="cpu", compute_type="float32")
+@pytest.fixture(scope="module", params=cpu_linear.LAYOUTS)
+def model(tiny_en_path, request):
+    """The model with its decode step's weights in each layout (the processor's vendor picks one)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(cpu_linear.LAYOUT_VARIABLE, request.param)
+        cpu_linear._cpu_layout.cache_clear()
+        model = WhisperModel(str(tiny_en_path), device="cpu", compute_type="float32")
+    cpu_linear._cpu_layout.cache_clear()
+    weight = model.model.decoder.token_embedding.weight
+    assert cpu_linear.is_in_major(weight) == (request.param == "in-major")
+    return model
 
 
 # Every clip with the default options; the other option sets on a spread of clips, to keep CI fast.

@@ -21,6 +21,7 @@ from ...runtime import (
     set_cpu_threads, store_at, strict_float32, upload_batches,
 )
 from ...runtime.preparation import prepared_in_background
+from ...ops import cpu_linear
 from .decoder import Joint, PredictionNetwork, decoder_state_from_nemo, joint_state_from_nemo
 from .encoder import FastConformerEncoder, encoder_state_from_nemo, subsampled_length
 from .label_looping import DEFAULT_TRANSDUCER_BUCKETS, Hypothesis, LabelLoopingDecoder, Utterance, check_max_symbols
@@ -147,6 +148,9 @@ class TransducerModel:
         self.tokenizer = tokenizer
         self.preprocessor = place_module(preprocessor, self.device, torch.float32)
         self.network = place_module(network, self.device, self.dtype)
+        if cpu_linear.in_major_preferred(self.device):  # a label step's few rows run fastest so there
+            prednet, joint = self.network.prednet, self.network.joint
+            cpu_linear.store_in_major([*prednet.weights, joint.pred.weight, joint.out.weight])
         self.decoder = LabelLoopingDecoder(
             self.network.prednet, self.network.joint, cfg.blank_id, cfg.durations, self.device,
             use_graphs=use_graphs, buckets=buckets, steps_per_replay=steps_per_replay, decode_loop=decode_loop,

@@ -39,7 +39,7 @@ from ...runtime import (
     DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, host_values_to_device, loop_rung,
     resolve_decode_loop, store_at,
 )
-from ...ops import LazyModule
+from ...ops import LazyModule, cpu_linear
 from .beam import BeamSearch
 from ...ops.triton_support import kernels_can_run
 from .logit_rules import VocabLayout, apply_logit_rules
@@ -184,8 +184,9 @@ class WindowDecoder:
         # Heads longer than PREFILL_GRAPH_TOKENS pad to LONG_HEAD_TOKENS (one graph for every length).
         self._pad_long_heads = self._prefill_together and LONG_HEAD_TOKENS <= dims.n_text_ctx
         # One q/k/v product per layer and step instead of three: each step reads the weights from memory
-        # (a fused kernel on CUDA, one MKL call on the CPU); the parameters stay views, one copy.
-        model.decoder.pack_self_attention()
+        # (a fused kernel on CUDA, one MKL call on the CPU); the parameters stay views, one copy. On an
+        # Intel CPU the step's weights are stored [in, out], the layout MKL runs a few rows fast in there.
+        model.decoder.pack_self_attention(in_major=cpu_linear.in_major_preferred(self.device))
         self.decode_loop = resolve_decode_loop(decode_loop, self.device, use_graphs)
         use_graphs = self.decode_loop != "eager"
         # A new bucket or prefill shape is captured without a warm-up run once the step has run here

@@ -98,22 +98,29 @@ class MultiHeadAttention(nn.Module):
         b, h, t, d = x.shape
         return x.transpose(1, 2).reshape(b, t, h * d)
 
-    def pack_qkv(self) -> None:
+    def pack_qkv(self, in_major: bool = False) -> None:
         """Hold the query, key and value weights in one [3d, d] tensor and their biases in one [3d]
         tensor, the parameters being views of them (still one copy of each weight), so a fused step
         projects all three in one kernel. The key has no bias: the middle third of the packed bias
-        is zeros, the only bytes packing adds. Idempotent."""
-        if getattr(self, "qkv_weight", None) is not None:
+        is zeros, the only bytes packing adds. ``in_major``: the packed weight is stored [d, 3d]
+        (see ``cpu_linear``), also where it was packed before. Idempotent."""
+        weight = getattr(self, "qkv_weight", None)
+        if weight is None:
+            with torch.no_grad():
+                weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+                bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias])
+            d = self.query.weight.shape[0]
+            self.query.bias = nn.Parameter(bias[:d], requires_grad=False)
+            self.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
+            self.qkv_bias = bias
+        elif not in_major or cpu_linear.is_in_major(weight):
             return
-        with torch.no_grad():
-            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-            bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias])
+        if in_major:
+            weight = cpu_linear.in_major_copy(weight.detach())
         d = self.query.weight.shape[0]
         for i, linear in enumerate((self.query, self.key, self.value)):
             linear.weight = nn.Parameter(weight[i * d : (i + 1) * d], requires_grad=False)
-        self.query.bias = nn.Parameter(bias[:d], requires_grad=False)
-        self.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
-        self.qkv_weight, self.qkv_bias = weight, bias
+        self.qkv_weight = weight
 
     def project_kv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         return self.split_heads(self.key(x)), self.split_heads(self.value(x))
@@ -297,10 +304,18 @@ class TextDecoder(nn.Module):
         )
         self.ln = nn.LayerNorm(n_state)
 
-    def pack_self_attention(self) -> None:
-        """Pack every block's self-attention q/k/v weights for the fused step (see ``pack_qkv``)."""
+    def pack_self_attention(self, in_major: bool = False) -> None:
+        """Pack every block's self-attention q/k/v weights for the fused step (see ``pack_qkv``).
+        ``in_major``: store them, and every other weight a decode step multiplies by (the vocabulary
+        product's too: the token embedding's), [in, out], the layout a few rows on an Intel CPU run
+        fastest in (see ``cpu_linear``)."""
         for block in self.blocks:
-            block.attn.pack_qkv()
+            block.attn.pack_qkv(in_major)
+        if in_major:
+            cpu_linear.store_in_major([self.token_embedding.weight] + [
+                layer.weight for block in self.blocks
+                for layer in (block.attn.out, block.cross_attn.query, block.cross_attn.out, block.mlp[0], block.mlp[2])
+            ])
 
     def cross_kv(self, audio_features: Tensor) -> List[Tuple[Tensor, Tensor]]:
         """Every layer's cross-attention keys/values [B, H, n_audio_ctx, D]: computed once per window."""
