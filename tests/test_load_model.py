@@ -104,12 +104,23 @@ def test_keyword_arguments_pass_through_and_the_choice_is_logged(caplog):
     assert transducer.device.type == "cpu"
     chosen = [r.getMessage() for r in caplog.records if r.name == "ostinato.loading"]
     threads = torch.get_num_threads()
+    # the layout named is the one the decode steps' weights are held in (ops.cpu_linear)
+    whisper_layout = _layout(model.model.decoder.token_embedding.weight, *model.model.decoder.blocks[0].mlp[0].parameters())
+    transducer_layout = _layout(*transducer.network.prednet.weights, transducer.network.joint.out.weight)
     assert chosen == [
         f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}; "
-        f"CPU threads: {threads}",
+        f"CPU threads: {threads}; step weights {whisper_layout}",
         f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}; "
-        f"CPU threads: {threads}",
+        f"CPU threads: {threads}; step weights {transducer_layout}",
     ]
+
+
+def _layout(*weights) -> str:
+    from ostinato.ops import cpu_linear
+
+    layouts = {"in-major" if cpu_linear.is_in_major(w) else "out-major" for w in weights if w.dim() == 2}
+    assert len(layouts) == 1, layouts
+    return layouts.pop()
 
 
 @pytest.fixture

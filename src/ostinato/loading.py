@@ -115,7 +115,8 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
     """The model for ``path_or_id`` (None: the embedded Whisper tiny.en), of whichever family the
     checkpoint's contents say; keyword arguments go to that family's class (``device``,
     ``compute_type``, ``decode_loop``, ``use_graphs``, ``cpu_threads``...). What it chose (family,
-    checkpoint, device, dtype, decode loop, CPU threads on the CPU) is logged at INFO, in one line."""
+    checkpoint, device, dtype, decode loop; on the CPU the threads and, for speech, the layout of the
+    decode step's weights) is logged at INFO, in one line."""
     family = checkpoint_family(path_or_id)
     if family is None:
         raise UnsupportedCheckpointError(
@@ -144,9 +145,21 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
     else:
         from .models.whisper.model import WhisperModel as model_class
     model = model_class(path_or_id, **kwargs)
-    log.info("%s model %s on %s, %s; decode loop: %s%s", _NAMES[family], model.model_path, model.device,
-             str(model.dtype).replace("torch.", ""), model.decoder.loop_rung, _threads(model.device))
+    log.info("%s model %s on %s, %s; decode loop: %s%s%s", _NAMES[family], model.model_path, model.device,
+             str(model.dtype).replace("torch.", ""), model.decoder.loop_rung, _threads(model.device),
+             _step_weights(model.device))
     return model
+
+
+def _step_weights(device) -> str:
+    """The log line's layout of a speech model's decode-step weights, on the CPU only (``ops.cpu_linear``)."""
+    import torch
+
+    from .ops import cpu_linear
+
+    if torch.device(device).type != "cpu":
+        return ""
+    return f"; step weights {'in-major' if cpu_linear.in_major_preferred(device) else 'out-major'}"
 
 
 def _threads(device) -> str:
