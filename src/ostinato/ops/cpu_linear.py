@@ -7,7 +7,8 @@ Which orientation that is depends on the processor, since MKL picks its kernels 
   ms at two rows).
 - On two cores of an AMX-era Xeon, that ``weight @ x.T`` is the slow one (the vocabulary product
   8.6 ms at one to eight columns, tiny.en's [1536 x 384] 0.12 ms). ``x @ W`` with the weight
-  stored [in, out] takes 4.3 and 0.04 ms at one or two rows (6.2 and 0.05 at four).
+  stored [in, out] takes 4.3 and 0.04 ms at one or two rows (6.2 and 0.05 at four); a label step of
+  a Parakeet-sized transducer (prediction net and joint) 1.34-1.45 ms at one to four rows, not 1.55-1.63.
 So a model loaded on an Intel CPU stores the weights its decode step multiplies [in, out]
 (``store_in_major``: the parameter becomes a transposed view, still one copy), and ``linear`` runs
 such a weight as ``x @ W``. Both orientations compute each row alone: a row's result does not depend
