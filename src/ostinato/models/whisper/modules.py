@@ -104,12 +104,11 @@ class MultiHeadAttention(nn.Module):
         projects all three in one kernel. The key has no bias: the middle third of the packed bias
         is zeros, the only bytes packing adds. ``in_major``: the packed weight is stored [d, 3d]
         (see ``cpu_linear``), also where it was packed before. Idempotent."""
-        weight = getattr(self, "qkv_weight", None)
+        weight, d = getattr(self, "qkv_weight", None), self.query.weight.shape[0]
         if weight is None:
             with torch.no_grad():
                 weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
                 bias = torch.cat([self.query.bias, torch.zeros_like(self.query.bias), self.value.bias])
-            d = self.query.weight.shape[0]
             self.query.bias = nn.Parameter(bias[:d], requires_grad=False)
             self.value.bias = nn.Parameter(bias[2 * d :], requires_grad=False)
             self.qkv_bias = bias
@@ -117,7 +116,6 @@ class MultiHeadAttention(nn.Module):
             return
         if in_major:
             weight = cpu_linear.in_major_copy(weight.detach())
-        d = self.query.weight.shape[0]
         for i, linear in enumerate((self.query, self.key, self.value)):
             linear.weight = nn.Parameter(weight[i * d : (i + 1) * d], requires_grad=False)
         self.qkv_weight = weight
