@@ -258,6 +258,80 @@ def test_a_deferred_capture_of_a_shape_the_step_has_not_run_at_is_one_try_withou
         assert graph.capture_deferred() and attempts[-1] == (1, 4, True) and graph.mode(1) == "graph"
 
 
+def test_a_deferred_capture_waits_for_spare_time_that_covers_what_a_capture_takes(monkeypatch):
+    """capture_deferred(within=s): a capture that takes longer than the s seconds the device stays
+    busy would make the device wait, so the key stays deferred, as it does with no time at all;
+    with enough time, or some while no capture has been timed, it is captured. What a capture takes is the quickest one without a
+    warm-up run (a capture after a warm-up counts the step's run too)."""
+    import time as clock
+
+    from ostinato.runtime import graphs
+
+    attempts = []
+
+    class Captured:
+        def replay(self):
+            pass
+
+    def capture_steps(self, key, static, unrolled, warm=True):
+        attempts.append(key)
+        if warm:
+            self._warm_up(key, static)
+        clock.sleep(0.03 if key == "slow" else 0.01)
+        return Captured(), "outputs"
+
+    def warm_up(self, key, static, guarded=False):
+        if key not in self._met:  # (as the real one: a key whose step has run needs none)
+            clock.sleep(0.2)
+            self._warmed = True
+
+    monkeypatch.setattr(graphs.StepGraph, "_capture_steps", capture_steps)
+    monkeypatch.setattr(graphs.StepGraph, "_warm_up", warm_up)
+    graph = StepGraph(lambda key: None, torch.device("cuda"), steps_per_replay=4, warm_up_new_shapes=False)
+    graph.capture("cold")  # the graph's first capture warms the step up first
+    assert graph.capture_seconds is None  # not what a capture alone takes
+    graph.defer("first")
+    assert not graph.capture_deferred(within=0.0)  # no time to spare at all
+    assert graph.capture_deferred(within=0.001)  # some, and nothing timed yet: no reason to wait
+    assert 0.01 <= graph.capture_seconds < 0.03  # a key deferred after its step ran: no warm-up in it
+    quick = graph.capture_seconds
+    graph.defer("slow", step_has_run=False)  # warm (the capture above) and new shapes need no warm-up
+    assert graph.capture_deferred()  # no limit given: it does not wait
+    assert graph.capture_seconds == quick  # the quickest capture is what one takes
+    graph.defer(2)
+    graph.defer(3)
+    assert not graph.capture_deferred(within=quick / 2) and graph.mode(2) == "uncaptured"  # it waits
+    assert graph.capture_deferred(within=quick * 2) and graph.is_captured(2)  # the oldest first
+    assert not graph.is_captured(3) and graph.capture_deferred() and graph.is_captured(3)
+    assert attempts == ["cold", "first", "slow", 2, 3]
+
+
+def test_the_advance_clock_says_how_long_the_device_stays_busy():
+    """AdvanceClock: the device time an advance in flight has left is the last timed advance's length
+    less the host time since this one's launch, never below zero; nothing before an advance was
+    timed, or with none in flight; on the CPU no advance is timed (no events)."""
+    import time as clock
+
+    from ostinato.runtime import AdvanceClock
+
+    timer = AdvanceClock(torch.device("cpu"))
+    assert timer.seconds_left() == 0.0
+    timer.launching()
+    timer.launched()
+    assert timer.seconds_left() == 0.0  # nothing timed yet
+    timer.collected()
+    assert timer.last_seconds is None  # the CPU has no device time to read
+    timer.last_seconds = 0.2
+    assert timer.seconds_left() == 0.0  # no advance in flight
+    timer.launching()
+    clock.sleep(0.05)
+    assert 0.1 < timer.seconds_left() <= 0.15
+    timer.last_seconds = 0.04
+    assert timer.seconds_left() == 0.0  # overdue: nothing left to hide behind
+    timer.collected()
+    assert timer.seconds_left() == 0.0
+
+
 def test_concat_rows_is_a_view_of_consecutive_slices_and_a_copy_otherwise():
     from ostinato.runtime import concat_rows
 

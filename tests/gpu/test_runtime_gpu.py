@@ -310,6 +310,43 @@ def test_a_deferred_capture_runs_nothing_and_does_not_wait_for_the_device():
     assert calls["n"] == 2
 
 
+def test_the_advance_clock_reads_an_advance_s_device_time_without_waiting():
+    """AdvanceClock on CUDA: an advance's device time comes from two timing events (none of the
+    clock's calls waits for the device); while the next one runs, the time left is that length
+    less the host time since its launch; an advance launched with ``measure=False`` is not timed."""
+    import time
+
+    from ostinato.runtime import AdvanceClock
+
+    device = torch.device("cuda")
+    timer = AdvanceClock(device)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    timer.launching()
+    torch.cuda._sleep(100_000_000)  # some tens of ms of device work
+    timer.launched()
+    assert not torch.cuda.current_stream(device).query()  # launching returned before the device finished
+    assert timer.seconds_left() == 0.0  # no advance timed yet
+    torch.cuda.synchronize()
+    host = time.perf_counter() - start
+    timer.collected()
+    assert 0.5 * host < timer.last_seconds <= host
+    timer.launching()
+    torch.cuda._sleep(100_000_000)
+    timer.launched()
+    left = timer.seconds_left()
+    assert 0.0 < left <= timer.last_seconds
+    torch.cuda.synchronize()
+    timer.collected()
+    measured = timer.last_seconds
+    timer.launching(measure=False)  # (the launch captures a graph first: its host time is not device time)
+    torch.cuda._sleep(1_000_000)
+    timer.launched()
+    torch.cuda.synchronize()
+    timer.collected()
+    assert timer.last_seconds == measured
+
+
 def test_a_deferred_key_called_before_its_capture_is_captured_then():
     device = torch.device("cuda")
     st, acc, weight, step, calls = _toy(device)

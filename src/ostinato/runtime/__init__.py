@@ -1,5 +1,6 @@
 """The engine: device choice, one copy of weights, persistent device state, step graphs, the rung
 ladder and the device loop, batch-size buckets, and the row scheduler. Nothing here knows a model."""
+from .advance_clock import AdvanceClock
 from .buckets import DEFAULT_BUCKETS, bucket_for, buckets_up_to
 from .device import (
     default_cpu_threads, one_cpu_thread_here, parse_device, resolve_device, resolve_dtype, set_cpu_threads,
@@ -12,6 +13,7 @@ from .uploads import host_tensor_to_device, host_values_to_device, padded_host_b
 from .weights import MemoryReport, duplicated_parameters, memory_report, place_module, storage_bytes
 
 __all__ = [
+    "AdvanceClock",
     "DECODE_LOOPS",
     "DEFAULT_BUCKETS",
     "DeviceState",

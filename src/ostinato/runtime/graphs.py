@@ -23,7 +23,9 @@ eager execution; results stay correct.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Optional
@@ -109,16 +111,24 @@ def capturing(graph: "torch.cuda.CUDAGraph", pool, device: torch.device):
     none, so the block only has to come after the work queued so far, as a stream dependency."""
     stream = side_stream(device, "graph capture")
     stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool)
-        try:
-            yield
-        except BaseException:
-            with warnings.catch_warnings():  # a capture cut short may be empty: PyTorch warns of that
-                warnings.simplefilter("ignore", UserWarning)
-                graph.capture_end()
-            raise
-        graph.capture_end()
+    collecting = gc.isenabled()
+    # No garbage collection inside: freeing a CUDA object there (an earlier failed capture's graph,
+    # in a reference cycle) makes calls a capture forbids, which invalidate it.
+    gc.disable()
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool)
+            try:
+                yield
+            except BaseException:
+                with warnings.catch_warnings():  # a capture cut short may be empty: PyTorch warns of that
+                    warnings.simplefilter("ignore", UserWarning)
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+    finally:
+        if collecting:
+            gc.enable()
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
@@ -198,6 +208,7 @@ class StepGraph:
         self._met: set = set()  # keys whose step has run at their shapes: their capture needs no warm-up
         self._deferred: Dict[Hashable, Dict[str, torch.Tensor]] = {}  # key -> its inputs, oldest first
         self._graphs: list = []  # every graph captured into the pool, failed ones too (see _new_graph)
+        self.capture_seconds: Optional[float] = None  # host time of the quickest capture without a warm-up
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -265,9 +276,16 @@ class StepGraph:
         if step_has_run:
             self._met.add(key)
 
-    def capture_deferred(self) -> bool:
-        """Capture the oldest deferred key; returns whether there was one to try."""
+    def capture_deferred(self, within: Optional[float] = None) -> bool:
+        """Capture the oldest deferred key; returns whether there was one to try. ``within``: the
+        host time there is to spare (seconds the device stays busy without it): with none, or less
+        than a capture is known to take, the key waits (for a later call of this, or its next call),
+        since the device would wait for the capture."""
         if not self._deferred:
+            return False
+        if within is not None and (within <= 0 or self.capture_seconds is not None and self.capture_seconds > within):
+            log.debug("spare time for %s: %.1f ms, a capture takes %s ms: it waits", self.name, 1000 * within,
+                      "?" if self.capture_seconds is None else f"{1000 * self.capture_seconds:.1f}")
             return False
         key = next(iter(self._deferred))
         self._capture(key, self._deferred.pop(key), deferred=True)
@@ -293,6 +311,7 @@ class StepGraph:
             if deferred:  # no warm-up may run now (see defer): that retry waits for the key's next call
                 attempts = attempts[:1]
         for rung, unrolled, warm in attempts:
+            started, warm_up = time.perf_counter(), warm and key not in self._met
             try:
                 capture = self._capture_loop if rung == "loop" else self._capture_steps
                 graph, outputs = capture(key, static, unrolled, warm)
@@ -305,6 +324,9 @@ class StepGraph:
                 failure = failure or exc
                 continue
             self._captured[key] = _Captured(graph, static, outputs, self.steps_per_replay // unrolled, rung)
+            if not warm_up:
+                took = time.perf_counter() - started
+                self.capture_seconds = took if self.capture_seconds is None else min(self.capture_seconds, took)
             if failure is not None:
                 action = (f"replaying {unrolled} unrolled steps per call" if unrolled > 1
                           else f"replaying a one-step graph {self.steps_per_replay} times per call")

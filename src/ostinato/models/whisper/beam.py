@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ...ops import LazyModule
 from ...ops.triton_support import kernels_can_run
-from ...runtime import DeviceState, SlotTable, StepGraph
+from ...runtime import AdvanceClock, DeviceState, SlotTable, StepGraph
 from .search import SearchOptions, WindowJob, WindowResult, normalized_score, prompt_length
 
 KERNEL_MODULES = ("ostinato.ops.group_reorder",)  # Triton's, imported at first use (ops.LazyModule)
@@ -337,6 +337,7 @@ class BeamRun(SlotTable):
         search.state["length_penalty"].fill_(options.length_penalty)
         super().__init__(windows)  # busy slot -> cache positions its rows may have written (host bound)
         self._launched = None  # an event behind the last advance (CUDA)
+        self.clock = AdvanceClock(dec.device)  # how long advances keep the device busy (spare time)
 
     def _key(self, filled: int, windows: Optional[int] = None) -> BeamKey:
         bucket = self.n_ctx if self.search.loops else cache_bucket(filled, self.n_ctx)
@@ -383,8 +384,9 @@ class BeamRun(SlotTable):
         return slots
 
     def use_spare_time(self) -> bool:
-        """(While an advance runs) capture a graph deferred to spare time; returns whether it did."""
-        return self.decoder.capture_deferred()
+        """(While an advance runs) capture a graph deferred to spare time, if the device stays busy
+        for as long as that takes; returns whether it did."""
+        return self.decoder.capture_deferred(within=self.clock.seconds_left())
 
     def advance(self, refill: bool = True) -> None:
         """Beam steps: on the device loop until a window finishes, else ``steps_per_replay`` of them
@@ -393,7 +395,10 @@ class BeamRun(SlotTable):
         filled = max(self.values()) + K  # a bound on the positions written by the end of this replay
         # Without graphs only the windows up to the last busy one step (GreedyRun.advance says why)
         windows = None if self.search.graph.use_graphs else self.extent()
-        self.search.graph(self._key(filled, windows))
+        key = self._key(filled, windows)
+        self.clock.launching(measure=not self.search.graph.use_graphs or self.search.graph.is_captured(key))
+        self.search.graph(key)
+        self.clock.launched()
         if self.decoder.device.type == "cuda":
             self._launched = torch.cuda.Event()
             self._launched.record(torch.cuda.current_stream(self.decoder.device))
@@ -411,6 +416,7 @@ class BeamRun(SlotTable):
         bs = self.search.state
         self._launched = None
         done = bs["window_done"][: self.windows].tolist()  # the one host sync per launch
+        self.clock.collected()
         finished = [slot for slot in self.slots() if done[slot]]
         if not finished:
             return {}

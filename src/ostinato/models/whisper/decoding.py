@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 
 from ...runtime import (
-    DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, host_values_to_device, loop_rung,
-    resolve_decode_loop, store_at,
+    AdvanceClock, DeviceState, RowScheduler, SlotTable, StepGraph, bucket_for, concat_rows, host_values_to_device,
+    loop_rung, resolve_decode_loop, store_at,
 )
 from ...ops import LazyModule, cpu_linear
 from .beam import BeamSearch
@@ -563,12 +563,13 @@ class WindowDecoder:
         needs = self._smaller_bucket_needs[key] = self._smaller_bucket_needs.get(key, 0) + 1
         return needs >= 2
 
-    def capture_deferred(self) -> bool:
+    def capture_deferred(self, within: Optional[float] = None) -> bool:
         """Capture one graph deferred to spare time (a prefill key met once, a smaller bucket a run
         could use); returns whether there was one. A capture runs nothing, so a run does this while
-        its advance is on the device (``use_spare_time``)."""
+        its advance is on the device (``use_spare_time``); ``within``: the device time that advance
+        has left, which a capture that takes longer would not hide behind (StepGraph.capture_deferred)."""
         graphs = (self.graph, self.sample_graph, self._prefill_graph, self._cross_graph)
-        return any(graph.capture_deferred() for graph in graphs)
+        return any(graph.capture_deferred(within) for graph in graphs)
 
     def capture_graph(self, graph: StepGraph, key) -> None:
         """Capture ``key``'s graph first if it has none yet: capture runs the step on a reset state."""
@@ -850,6 +851,7 @@ class GreedyRun(SlotTable):
         super().__init__(windows)  # busy slot -> its first row
         self._stepped: set = set()  # the slots the last advance stepped: all collect may report
         self._snapshot: Optional[RowSnapshot] = None  # the rows as the advance not yet collected leaves them
+        self.clock = AdvanceClock(decoder.device)  # how long advances keep the device busy (spare time)
 
     # Admission only queues device work behind a running advance, and collect reads the snapshot
     # that advance queued: a window can be loaded while the rows step (see admit).
@@ -883,8 +885,9 @@ class GreedyRun(SlotTable):
         return slots
 
     def use_spare_time(self) -> bool:
-        """(While an advance runs) capture a graph deferred to spare time; returns whether it did."""
-        return self.decoder.capture_deferred()
+        """(While an advance runs) capture a graph deferred to spare time, if the device stays busy
+        for as long as that takes; returns whether it did."""
+        return self.decoder.capture_deferred(within=self.clock.seconds_left())
 
     def advance(self, refill: bool = True) -> None:
         """Step the rows up to the last busy window (finished rows are masked): on the device loop
@@ -900,7 +903,9 @@ class GreedyRun(SlotTable):
             else:
                 key = next(k for k in (key._replace(rows=b) for b in self._buckets if b >= extent)
                            if self.graph.is_captured(k) or k == self.key)
+        self.clock.launching(measure=not self.graph.use_graphs or self.graph.is_captured(key))
         self.graph(key)
+        self.clock.launched()
         self._stepped = set(self.slots())
         self._snapshot = self.decoder.snapshot_rows(self.rows)
 
@@ -920,6 +925,7 @@ class GreedyRun(SlotTable):
         if snapshot is None:
             return {}
         rows = snapshot.read()  # the one wait for the device per advance
+        self.clock.collected()
         done = rows["done"].tolist()
         finished = [slot for slot, first in self.items()
                     if slot in self._stepped and all(done[first : first + self.per])]
