@@ -89,3 +89,64 @@ def test_the_vendor_is_read_from_the_processor():
         pytest.skip("no /proc/cpuinfo here")
     if "vendor_id" in text:
         assert vendor and vendor in text
+
+
+STRICT_PROBE = """
+import json, sys, torch
+if sys.argv[1] == "mkl-in-use":
+    torch.mm(torch.randn(64, 64), torch.randn(64, 64))
+from ostinato.ops import cpu_linear
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(5)
+moved = []
+for layout in ("out-major", "in-major"):
+    for out_features, in_features in ((1152, 384), (1536, 384), (384, 1536), (384, 384), (51864 // 4, 384)):
+        w = torch.randn(out_features, in_features, generator=g)
+        w = cpu_linear.in_major_copy(w) if layout == "in-major" else w
+        b = torch.randn(out_features, generator=g)
+        x = torch.randn(80, in_features, generator=g)
+        alone = torch.cat([cpu_linear.linear(x[i : i + 1], w, b) for i in range(80)])
+        for rows in range(1, 81):
+            if not torch.equal(cpu_linear.linear(x[:rows], w, b), alone[:rows]):
+                moved.append([layout, out_features, in_features, rows])
+print(json.dumps(dict(mode=cpu_linear.reproducibility(), any_count=cpu_linear.rows_alone_at_any_count, moved=moved)))
+"""
+
+
+def _probe(*args, **env):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    environment = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", cpu_linear.STRICT_VARIABLE)}
+    environment.update(PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])), **env)
+    done = subprocess.run([sys.executable, "-c", STRICT_PROBE, *args], capture_output=True, text=True, env=environment,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="a PyTorch without MKL")
+def test_in_mkl_s_strict_mode_each_row_is_alone_at_every_count_up_to_a_batch_of_beams():
+    """A fresh process that imports the model code before MKL ran: MKL is in strict reproducibility
+    mode, and every row of tiny.en's decode-step products (a slice of the vocabulary) gives the bits
+    it gives alone, without a second copy of a lone row, at 1 to 80 rows (16 windows of 5 beams), in
+    both layouts: 9 rows and more included, where MKL's usual mode splits some sums by the count."""
+    got = _probe("fresh")
+    assert got == dict(mode="on", any_count=True, moved=[])
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="a PyTorch without MKL")
+@pytest.mark.parametrize("case", ["mkl-in-use", "turned-off", "user-chose"])
+def test_without_strict_mode_a_lone_row_goes_in_twice_and_up_to_few_rows_are_alone(case):
+    """Where MKL ran before the import (its mode is fixed by then), or OSTINATO_MKL_STRICT=0 or the
+    user's MKL_CBWR leaves it alone, the mode is off and says why, and up to FEW_ROWS rows are still
+    each computed alone (a lone row doubled)."""
+    env = {"turned-off": {cpu_linear.STRICT_VARIABLE: "0"}, "user-chose": {"MKL_CBWR": "AUTO"}}.get(case, {})
+    got = _probe(case, **env)
+    why = "MKL was in use" if case == "mkl-in-use" else "MKL_CBWR or OSTINATO_MKL_STRICT=0"
+    assert got["mode"].startswith(f"off ({why}") and got["any_count"] is False
+    assert not [m for m in got["moved"] if m[3] <= FEW_ROWS]

@@ -107,11 +107,15 @@ def test_keyword_arguments_pass_through_and_the_choice_is_logged(caplog):
     # the layout named is the one the decode steps' weights are held in (ops.cpu_linear)
     whisper_layout = _layout(model.model.decoder.token_embedding.weight, *model.model.decoder.blocks[0].mlp[0].parameters())
     transducer_layout = _layout(*transducer.network.prednet.weights, transducer.network.joint.out.weight)
+    from ostinato.ops import cpu_linear
+
+    mode = cpu_linear.reproducibility()
+    assert mode == "on" or mode.startswith("off (")
     assert chosen == [
         f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}; "
-        f"CPU threads: {threads}; step weights {whisper_layout}",
+        f"CPU threads: {threads}; step weights {whisper_layout}, MKL strict reproducibility {mode}",
         f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}; "
-        f"CPU threads: {threads}; step weights {transducer_layout}",
+        f"CPU threads: {threads}; step weights {transducer_layout}, MKL strict reproducibility {mode}",
     ]
 
 

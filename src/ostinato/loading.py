@@ -152,14 +152,16 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
 
 
 def _step_weights(device) -> str:
-    """The log line's layout of a speech model's decode-step weights, on the CPU only (``ops.cpu_linear``)."""
+    """The log line's layout of a speech model's decode-step weights and MKL's reproducibility mode
+    (what keeps each row alone), on the CPU only (``ops.cpu_linear``)."""
     import torch
 
     from .ops import cpu_linear
 
     if torch.device(device).type != "cpu":
         return ""
-    return f"; step weights {'in-major' if cpu_linear.in_major_preferred(device) else 'out-major'}"
+    layout = "in-major" if cpu_linear.in_major_preferred(device) else "out-major"
+    return f"; step weights {layout}, MKL strict reproducibility {cpu_linear.reproducibility()}"
 
 
 def _threads(device) -> str:

@@ -12,11 +12,22 @@ Which orientation that is depends on the processor, since MKL picks its kernels 
 So a model loaded on an Intel CPU stores the weights its decode step multiplies [in, out]
 (``store_in_major``: the parameter becomes a transposed view, still one copy), and ``linear`` runs
 such a weight as ``x @ W``. Both orientations compute each row alone: a row's result does not depend
-on how many rows come with it, nor where it stands among them (one row goes in twice, as the
-kernel for one row sums in another order). They differ from ``F.linear`` only in the last bits.
+on how many rows come with it, nor where it stands among them. They differ from ``F.linear`` only
+in the last bits.
+
+That takes MKL's strict reproducibility mode (``MKL_CBWR=AUTO,STRICT``), which this module's import
+asks MKL for: without it a lone row is summed in another order than the same row among others, and
+from 9 rows on some shapes (tiny.en's [384 x 1536] at 20-80 rows stored [in, out], 9-15 stored
+[out, in]) split their sums by the row count. With it every row count up to a batch of 16 beam-5
+windows was measured row by row the same, at the same speed. MKL takes the mode only before its
+first call in the process: where it was in use already (``rows_alone_at_any_count`` is False, and
+``reproducibility`` says why) a lone row goes in twice, which keeps up to ``FEW_ROWS`` rows alone.
+``MKL_CBWR`` set by the user, or ``OSTINATO_MKL_STRICT=0``, leaves the mode as it is.
 """
 from __future__ import annotations
 
+import ctypes
+import glob
 import logging
 import os
 from functools import lru_cache
@@ -31,17 +42,52 @@ log = logging.getLogger(__name__)
 FEW_ROWS = 8  # up to this many rows the CPU takes one of the orientations above
 LAYOUT_VARIABLE = "OSTINATO_CPU_WEIGHT_LAYOUT"  # "in-major" or "out-major": overrides the choice by vendor
 LAYOUTS = ("in-major", "out-major")
+STRICT_VARIABLE = "OSTINATO_MKL_STRICT"  # "0": leave MKL's reproducibility mode as it is
+_MKL_CBWR_ALL, _MKL_CBWR_AUTO, _MKL_CBWR_STRICT, _MKL_CBWR_MODE_CHANGE_FAILURE = -1, 2, 0x10000, -8
+
+
+def _ask_mkl_for_strict_mode() -> str:
+    """Put the process's MKL in strict reproducibility mode if it is not yet; returns "on", or
+    "off (why)". MKL's mkl_cbwr_get/set are in libtorch_cpu under their service names."""
+    if not torch.backends.mkl.is_available():
+        return "off (PyTorch has no MKL)"
+    try:
+        path = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")))[0]
+        library = ctypes.CDLL(path)  # (already loaded: the same library PyTorch runs)
+        get, put = library.mkl_serv_cbwr_get, library.mkl_serv_cbwr_set
+    except (IndexError, OSError, AttributeError):
+        return "off (this MKL has no reproducibility mode to ask for)"
+    get.argtypes = put.argtypes = [ctypes.c_int]
+    if get(_MKL_CBWR_ALL) & _MKL_CBWR_STRICT:
+        return "on"
+    if "MKL_CBWR" in os.environ or os.environ.get(STRICT_VARIABLE, "").strip() == "0":
+        return "off (MKL_CBWR or OSTINATO_MKL_STRICT=0 set it)"
+    status = put(_MKL_CBWR_AUTO | _MKL_CBWR_STRICT)
+    if status == 0:
+        return "on"
+    if status == _MKL_CBWR_MODE_CHANGE_FAILURE:
+        return "off (MKL was in use before ostinato's model code was imported)"
+    return f"off (MKL said {status})"
+
+
+_STRICT_MODE = _ask_mkl_for_strict_mode()
+rows_alone_at_any_count = _STRICT_MODE == "on"  # each row's bits the same in any company, a lone row too
+
+
+def reproducibility() -> str:
+    """MKL's strict reproducibility mode for this process: "on", or "off (why)"."""
+    return _STRICT_MODE
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``F.linear(x, weight, bias)``; on the CPU with at most ``FEW_ROWS`` rows computed as
     ``x @ weight.T`` where the weight is stored [in, out] (``is_in_major``), else as weight @ x^T,
-    with at least two rows or columns (one row goes in twice)."""
+    a lone row twice unless MKL is in strict mode."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu" or not 0 < rows <= FEW_ROWS:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
-    if rows == 1:
+    if rows == 1 and not rows_alone_at_any_count:
         flat = torch.cat([flat, flat])
     if is_in_major(weight):
         out = torch.mm(flat, weight.T) if bias is None else torch.addmm(bias, flat, weight.T)
