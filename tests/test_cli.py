@@ -497,9 +497,11 @@ def test_half_precision_on_the_cpu_falls_back_and_verbose_says_what_was_chosen(
     assert len(chosen) == 1 and chosen[0].startswith(f"ostinato: Whisper model {tiny_en_path} on cpu, float32; "
                                                      "decode loop: eager"), err
     assert "; CPU threads: 1; step weights " in chosen[0]
-    layout, mode = chosen[0].rsplit("; step weights ", 1)[1].split(", MKL strict reproducibility ")
+    layout, rest = chosen[0].rsplit("; step weights ", 1)[1].split(", MKL strict reproducibility ")
+    mode, lone = rest.split(", a lone row ")
     assert layout in ("in-major", "out-major")  # which: tests/test_load_model.py holds it to the weights
     assert mode == "on" or mode.startswith("off (")
+    assert lone in ("on the one-row kernel", "as among others (OSTINATO_CPU_BATCH_INVARIANT=1)")
     assert not [line for line in lines if "decode loop" in line and line not in chosen], err
     assert "Traceback" not in err
 

@@ -1,5 +1,6 @@
 """ops.cpu_linear: F.linear's values (to float32 summation-order noise) and shapes for any row count,
-in both weight layouts; each row computed alone; the layout chosen by the processor's vendor."""
+in both weight layouts; each row computed alone among others, a lone row on MKL's one-row kernel or,
+batch-invariant, as among others; the layout chosen by the processor's vendor."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,10 +31,12 @@ def test_equals_f_linear(shape, bias, layout):
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("out_features", [1152, 51864 // 8])
-def test_a_row_s_result_does_not_depend_on_the_rows_beside_it(layout, out_features):
+@pytest.mark.parametrize("invariant", [True, False])
+def test_a_row_s_result_does_not_depend_on_the_rows_beside_it(monkeypatch, layout, out_features, invariant):
     """What batching windows and beams on the CPU relies on (transcribe_batch equals transcribe): a
-    row gives the same bits alone, among up to FEW_ROWS others, at any place among them; also for a
-    slice of a packed weight (one of q/k/v)."""
+    row gives the same bits among up to FEW_ROWS others, at any place among them, and alone too where
+    batch_invariant says so; also for a slice of a packed weight (one of q/k/v)."""
+    monkeypatch.setattr(cpu_linear, "batch_invariant", invariant)
     g = torch.Generator().manual_seed(out_features)
     w = LAYOUTS[layout](torch.randn(out_features, 384, generator=g))
     b = torch.randn(out_features, generator=g)
@@ -42,9 +45,32 @@ def test_a_row_s_result_does_not_depend_on_the_rows_beside_it(layout, out_featur
     for weight, bias in ((w, b), (w[third : 2 * third], b[third : 2 * third])):
         assert is_in_major(weight) == (layout == "in-major")
         everyone = linear(x, weight, bias)
-        for rows in range(1, FEW_ROWS + 1):
+        for rows in range(1 if invariant else 2, FEW_ROWS + 1):
             order = torch.randperm(FEW_ROWS, generator=g)[:rows]
             assert torch.equal(linear(x[order], weight, bias), everyone[order]), rows
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_lone_row_runs_on_mkl_s_one_row_kernel_unless_batch_invariant(monkeypatch, layout, bias):
+    """By default a lone float32 row (also [1, 1, in]) gives gemv's bits (torch.mv / addmv), which
+    agree with the row among others to rounding; batch_invariant gives the row's bits among others."""
+    g = torch.Generator().manual_seed(7)
+    w = LAYOUTS[layout](torch.randn(1152, 384, generator=g))
+    b = torch.randn(1152, generator=g) if bias else None
+    x = torch.randn(FEW_ROWS, 384, generator=g)
+    among_others = linear(x, w, b)[:1]
+    gemv = torch.mv(w, x[0]) if b is None else torch.addmv(b, w, x[0])
+    monkeypatch.setattr(cpu_linear, "batch_invariant", False)
+    assert cpu_linear.lone_rows() == "on the one-row kernel"
+    assert torch.equal(linear(x[:1], w, b), gemv[None])
+    assert torch.equal(linear(x[:1, None], w, b), gemv[None, None])
+    torch.testing.assert_close(linear(x[:1], w, b), among_others, rtol=1e-5, atol=1e-4)  # 384 terms of |x w| ~ 1
+    wd, xd, bd = w.double(), x[0].double(), None if b is None else b.double()
+    assert torch.equal(linear(xd[None], wd, bd), (torch.mv(wd, xd) if b is None else torch.addmv(bd, wd, xd))[None])
+    monkeypatch.setattr(cpu_linear, "batch_invariant", True)
+    assert cpu_linear.lone_rows() == "as among others (OSTINATO_CPU_BATCH_INVARIANT=1)"
+    assert torch.equal(linear(x[:1], w, b), among_others)
 
 
 def test_store_in_major_keeps_each_tensor_and_its_values_and_is_idempotent():
@@ -109,7 +135,8 @@ for layout in ("out-major", "in-major"):
         for rows in range(1, 81):
             if not torch.equal(cpu_linear.linear(x[:rows], w, b), alone[:rows]):
                 moved.append([layout, out_features, in_features, rows])
-print(json.dumps(dict(mode=cpu_linear.reproducibility(), any_count=cpu_linear.rows_alone_at_any_count, moved=moved)))
+print(json.dumps(dict(mode=cpu_linear.reproducibility(), any_count=cpu_linear.rows_alone_at_any_count, moved=moved,
+                      invariant=cpu_linear.batch_invariant)))
 """
 
 
@@ -123,6 +150,7 @@ def _probe(*args, **env):
     src = str(Path(__file__).resolve().parents[1] / "src")
     environment = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", cpu_linear.STRICT_VARIABLE)}
     environment.update(PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])), **env)
+    environment[cpu_linear.INVARIANT_VARIABLE] = "1"  # the probe compares rows with the same rows alone
     done = subprocess.run([sys.executable, "-c", STRICT_PROBE, *args], capture_output=True, text=True, env=environment,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -133,10 +161,12 @@ def _probe(*args, **env):
 def test_in_mkl_s_strict_mode_each_row_is_alone_at_every_count_up_to_a_batch_of_beams():
     """A fresh process that imports the model code before MKL ran: MKL is in strict reproducibility
     mode, and every row of tiny.en's decode-step products (a slice of the vocabulary) gives the bits
-    it gives alone, without a second copy of a lone row, at 1 to 80 rows (16 windows of 5 beams), in
-    both layouts: 9 rows and more included, where MKL's usual mode splits some sums by the count."""
+    it gives alone (batch-invariant, OSTINATO_CPU_BATCH_INVARIANT=1 read at the import), without a
+    second copy of a lone row, at 1 to 80 rows (16 windows of 5 beams), in both layouts: 9 rows and
+    more included, where MKL's usual mode splits some sums by the count. Rows of 2 and more run the
+    same way without the variable."""
     got = _probe("fresh")
-    assert got == dict(mode="on", any_count=True, moved=[])
+    assert got == dict(mode="on", any_count=True, moved=[], invariant=True)
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="a PyTorch without MKL")
@@ -148,5 +178,5 @@ def test_without_strict_mode_a_lone_row_goes_in_twice_and_up_to_few_rows_are_alo
     env = {"turned-off": {cpu_linear.STRICT_VARIABLE: "0"}, "user-chose": {"MKL_CBWR": "AUTO"}}.get(case, {})
     got = _probe(case, **env)
     why = "MKL was in use" if case == "mkl-in-use" else "MKL_CBWR or OSTINATO_MKL_STRICT=0"
-    assert got["mode"].startswith(f"off ({why}") and got["any_count"] is False
+    assert got["mode"].startswith(f"off ({why}") and got["any_count"] is False and got["invariant"] is True
     assert not [m for m in got["moved"] if m[3] <= FEW_ROWS]

@@ -111,11 +111,12 @@ def test_keyword_arguments_pass_through_and_the_choice_is_logged(caplog):
 
     mode = cpu_linear.reproducibility()
     assert mode == "on" or mode.startswith("off (")
+    lone = "as among others (OSTINATO_CPU_BATCH_INVARIANT=1)" if cpu_linear.batch_invariant else "on the one-row kernel"
     assert chosen == [
         f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}; "
-        f"CPU threads: {threads}; step weights {whisper_layout}, MKL strict reproducibility {mode}",
+        f"CPU threads: {threads}; step weights {whisper_layout}, MKL strict reproducibility {mode}, a lone row {lone}",
         f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}; "
-        f"CPU threads: {threads}; step weights {transducer_layout}, MKL strict reproducibility {mode}",
+        f"CPU threads: {threads}; step weights {transducer_layout}, MKL strict reproducibility {mode}, a lone row {lone}",
     ]
 
 

@@ -152,8 +152,8 @@ def load_model(path_or_id: Union[str, os.PathLike, None] = None, **kwargs):
 
 
 def _step_weights(device) -> str:
-    """The log line's layout of a speech model's decode-step weights and MKL's reproducibility mode
-    (what keeps each row alone), on the CPU only (``ops.cpu_linear``)."""
+    """The log line's layout of a speech model's decode-step weights, MKL's reproducibility mode
+    (what keeps each row alone) and how a lone row runs, on the CPU only (``ops.cpu_linear``)."""
     import torch
 
     from .ops import cpu_linear
@@ -161,7 +161,8 @@ def _step_weights(device) -> str:
     if torch.device(device).type != "cpu":
         return ""
     layout = "in-major" if cpu_linear.in_major_preferred(device) else "out-major"
-    return f"; step weights {layout}, MKL strict reproducibility {cpu_linear.reproducibility()}"
+    return (f"; step weights {layout}, MKL strict reproducibility {cpu_linear.reproducibility()}, "
+            f"a lone row {cpu_linear.lone_rows()}")
 
 
 def _threads(device) -> str:
