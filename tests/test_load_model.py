@@ -111,12 +111,14 @@ def test_keyword_arguments_pass_through_and_the_choice_is_logged(caplog):
 
     mode = cpu_linear.reproducibility()
     assert mode == "on" or mode.startswith("off (")
-    lone = "as among others (OSTINATO_CPU_BATCH_INVARIANT=1)" if cpu_linear.batch_invariant else "on the one-row kernel"
+    lone = {layout: ("as among others (OSTINATO_CPU_BATCH_INVARIANT=1)" if cpu_linear.batch_invariant else
+                     "on the one-row kernel" if layout == "in-major" else "as among others")
+            for layout in ("in-major", "out-major")}
     assert chosen == [
         f"Whisper model {model.model_path} on cpu, float32; decode loop: {model.decoder.loop_rung}; "
-        f"CPU threads: {threads}; step weights {whisper_layout}, MKL strict reproducibility {mode}, a lone row {lone}",
+        f"CPU threads: {threads}; step weights {whisper_layout}, MKL strict reproducibility {mode}, a lone row {lone[whisper_layout]}",
         f"NeMo transducer model {NEMO} on cpu, float32; decode loop: {transducer.decoder.loop_rung}; "
-        f"CPU threads: {threads}; step weights {transducer_layout}, MKL strict reproducibility {mode}, a lone row {lone}",
+        f"CPU threads: {threads}; step weights {transducer_layout}, MKL strict reproducibility {mode}, a lone row {lone[transducer_layout]}",
     ]
 
 

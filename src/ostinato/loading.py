@@ -162,7 +162,7 @@ def _step_weights(device) -> str:
         return ""
     layout = "in-major" if cpu_linear.in_major_preferred(device) else "out-major"
     return (f"; step weights {layout}, MKL strict reproducibility {cpu_linear.reproducibility()}, "
-            f"a lone row {cpu_linear.lone_rows()}")
+            f"a lone row {cpu_linear.lone_rows(layout)}")
 
 
 def _threads(device) -> str:

@@ -24,14 +24,15 @@ first call in the process: where it was in use already (``rows_alone_at_any_coun
 ``reproducibility`` says why) a lone row goes in twice, which keeps up to ``FEW_ROWS`` rows alone.
 ``MKL_CBWR`` set by the user, or ``OSTINATO_MKL_STRICT=0``, leaves the mode as it is.
 
-A lone row (greedy decoding of one window, a transducer's label step) runs on MKL's one-row kernel
-(gemv) by default: 2-4x as fast as the same row in a matrix product on the Xeon (the vocabulary
-product 3.1-3.5 ms against 5.8-5.9 at two threads, 0.017 against 0.055 ms for [1152 x 384] in
-cache), the lever that brings greedy decoding there within reach of CTranslate2, which runs one row
-the same way. Its sums run in another order, so its last bits differ from the same row's among
-others: a greedy window alone and in a batch then agree to rounding, not to the bit.
-``OSTINATO_CPU_BATCH_INVARIANT=1`` (``batch_invariant``) computes a lone row as it would be among
-others instead, at the matrix product's speed, where the same bits at every batch size matter more.
+A lone row (greedy decoding of one window, a transducer's label step) against a weight stored
+[in, out] runs on MKL's one-row kernel (gemv) by default: on the Xeon 2-4x as fast as the same row
+in a matrix product (the vocabulary product 3.1-3.5 ms against 5.8-5.9 at two threads, [1152 x 384]
+0.017 against 0.055 ms in cache). On the EPYC the one-column product was the slow one (8.2 ms against
+2.75 at two columns), so a weight stored [out, in] keeps the doubled row. gemv sums in another order,
+so its last bits differ from the same row's among others: a greedy window alone and in a batch then
+agree to rounding, not to the bit. ``OSTINATO_CPU_BATCH_INVARIANT=1`` (``batch_invariant``) computes
+a lone row as it would be among others instead, at the matrix product's speed, where the same bits
+at every batch size matter more.
 """
 from __future__ import annotations
 
@@ -91,23 +92,24 @@ def reproducibility() -> str:
     return _STRICT_MODE
 
 
-def lone_rows() -> str:
-    """How a lone row is computed, for the log: on MKL's one-row kernel, or as among others."""
+def lone_rows(layout: str) -> str:
+    """How a lone row against weights stored in ``layout`` is computed, for the log: on MKL's
+    one-row kernel, or as among others."""
     if batch_invariant:
         return f"as among others ({INVARIANT_VARIABLE}=1)"
-    return "on the one-row kernel"
+    return "on the one-row kernel" if layout == "in-major" else "as among others"
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``F.linear(x, weight, bias)``; on the CPU a lone float row on MKL's one-row kernel (unless
-    ``batch_invariant``), and at most ``FEW_ROWS`` rows computed as ``x @ weight.T`` where the
-    weight is stored [in, out] (``is_in_major``), else as weight @ x^T, a lone row twice unless MKL
-    is in strict mode."""
+    """``F.linear(x, weight, bias)``; on the CPU at most ``FEW_ROWS`` rows computed as
+    ``x @ weight.T`` where the weight is stored [in, out] (``is_in_major``; a lone float row there
+    on MKL's one-row kernel unless ``batch_invariant``), else as weight @ x^T, a lone row twice
+    unless MKL is in strict mode."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu" or not 0 < rows <= FEW_ROWS:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
-    if rows == 1 and not batch_invariant and flat.dtype in _GEMV_DTYPES:
+    if rows == 1 and not batch_invariant and flat.dtype in _GEMV_DTYPES and is_in_major(weight):
         out = torch.mv(weight, flat[0]) if bias is None else torch.addmv(bias, weight, flat[0])
         return out.view(*x.shape[:-1], weight.shape[0])
     if rows == 1 and not rows_alone_at_any_count:
