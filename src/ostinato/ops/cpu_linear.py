@@ -109,12 +109,13 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     if x.device.type != "cpu" or not 0 < rows <= FEW_ROWS:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
-    if rows == 1 and not batch_invariant and flat.dtype in _GEMV_DTYPES and is_in_major(weight):
+    in_major = is_in_major(weight)
+    if rows == 1 and in_major and not batch_invariant and flat.dtype in _GEMV_DTYPES:
         out = torch.mv(weight, flat[0]) if bias is None else torch.addmv(bias, weight, flat[0])
         return out.view(*x.shape[:-1], weight.shape[0])
     if rows == 1 and not rows_alone_at_any_count:
         flat = torch.cat([flat, flat])
-    if is_in_major(weight):
+    if in_major:
         out = torch.mm(flat, weight.T) if bias is None else torch.addmm(bias, flat, weight.T)
         return out[:rows].view(*x.shape[:-1], weight.shape[0])
     out = torch.mm(weight, flat.T) if bias is None else torch.addmm(bias[:, None], weight, flat.T)
