@@ -301,7 +301,10 @@ def test_a_deferred_capture_waits_for_spare_time_that_covers_what_a_capture_take
     graph.defer(2)
     graph.defer(3)
     assert not graph.capture_deferred(within=quick / 2) and graph.mode(2) == "uncaptured"  # it waits
+    assert graph.may_capture(2)  # its call would capture first: an advance's clock does not time it
     assert graph.capture_deferred(within=quick * 2) and graph.is_captured(2)  # the oldest first
+    assert not graph.may_capture(2)
+    assert not StepGraph(lambda key: None, torch.device("cpu")).may_capture(2)  # eager: nothing to capture
     assert not graph.is_captured(3) and graph.capture_deferred() and graph.is_captured(3)
     assert attempts == ["cold", "first", "slow", 2, 3]
 

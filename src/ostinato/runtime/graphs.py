@@ -218,6 +218,10 @@ class StepGraph:
     def is_captured(self, key: Hashable) -> bool:
         return key in self._captured
 
+    def may_capture(self, key: Hashable) -> bool:
+        """Whether a call of ``key`` may do host work of a capture first (graphs on, none yet for it)."""
+        return self.use_graphs and key not in self._captured
+
     def captured_keys(self):
         return list(self._captured)
 

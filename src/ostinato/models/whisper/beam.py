@@ -396,7 +396,7 @@ class BeamRun(SlotTable):
         # Without graphs only the windows up to the last busy one step (GreedyRun.advance says why)
         windows = None if self.search.graph.use_graphs else self.extent()
         key = self._key(filled, windows)
-        self.clock.launching(measure=not self.search.graph.use_graphs or self.search.graph.is_captured(key))
+        self.clock.launching(measure=not self.search.graph.may_capture(key))
         self.search.graph(key)
         self.clock.launched()
         if self.decoder.device.type == "cuda":

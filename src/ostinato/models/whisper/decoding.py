@@ -903,7 +903,7 @@ class GreedyRun(SlotTable):
             else:
                 key = next(k for k in (key._replace(rows=b) for b in self._buckets if b >= extent)
                            if self.graph.is_captured(k) or k == self.key)
-        self.clock.launching(measure=not self.graph.use_graphs or self.graph.is_captured(key))
+        self.clock.launching(measure=not self.graph.may_capture(key))
         self.graph(key)
         self.clock.launched()
         self._stepped = set(self.slots())
